@@ -1,0 +1,130 @@
+"""Entry points ``fleet-rlm`` and ``fleet``. Only argparse at import: ``--help`` stays fast,
+the runtime (dspy, litellm) loads when a command needs it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-iters", type=int, help="steps per RLM node (default 20)")
+    p.add_argument("--max-depth", type=int, help="child RLM depth (default 2)")
+    p.add_argument("--max-llm-calls", type=int, help="model calls per run (default 500)")
+    p.add_argument("--max-seconds", type=float, help="wall time per run (default 1800)")
+    p.add_argument("--max-cost", type=float, help="USD per run, where prices are known")
+    p.add_argument("--sandbox", choices=["local"], default=None, help="where code runs (local)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-rlm",
+        description="Answer questions over inputs far larger than a context window, "
+        "with a recursive language model working in a sandboxed Python REPL.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = sub.add_parser("run", help="answer a question over files, folders or text")
+    run.add_argument("question")
+    run.add_argument("--context", "-c", action="append", default=[], metavar="PATH",
+                     help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)")
+    run.add_argument("--text", "-t", action="append", default=[], help="pasted text as context (repeatable)")
+    run.add_argument("--session", help="continue in a session's REPL")
+    _limits(run)
+    run.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    run.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")
+
+    runs = sub.add_parser("runs", help="list recent runs")
+    runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--status")
+    runs.add_argument("--json", action="store_true")
+
+    trace = sub.add_parser("trace", help="show a run's trace as a tree")
+    trace.add_argument("run_id")
+    trace.add_argument("--json", action="store_true")
+    trace.add_argument("--full", action="store_true", help="do not shorten code and outputs")
+
+    export = sub.add_parser("export", help="print a run's events as JSON lines")
+    export.add_argument("run_id")
+
+    vol = sub.add_parser("volumes", help="list, read, write and delete volume files")
+    vsub = vol.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = vsub.add_parser("ls", help="list volumes, or files in VOLUME[/PATH]")
+    ls.add_argument("target", nargs="?")
+    ls.add_argument("--json", action="store_true")
+    cat = vsub.add_parser("cat", help="print a file: VOLUME/PATH")
+    cat.add_argument("target")
+    put = vsub.add_parser("put", help="copy a local file (or - for stdin) to VOLUME/PATH")
+    put.add_argument("source")
+    put.add_argument("target")
+    rm = vsub.add_parser("rm", help="delete VOLUME/PATH")
+    rm.add_argument("target")
+
+    doctor = sub.add_parser("doctor", help="check the model, sandbox, keyring, store and Daytona settings")
+    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--offline", action="store_true", help="skip the model reachability call")
+
+    cfg = sub.add_parser("config", help="get and set settings (secrets go to the OS keyring)")
+    csub = cfg.add_subparsers(dest="action", metavar="ACTION", required=True)
+    csub.add_parser("list", help="every setting, where it comes from, secrets masked")
+    g = csub.add_parser("get")
+    g.add_argument("key")
+    s = csub.add_parser("set")
+    s.add_argument("key")
+    s.add_argument("value", nargs="?", help="omit for secrets to be prompted without echo")
+    u = csub.add_parser("unset")
+    u.add_argument("key")
+
+    chat = sub.add_parser("chat", help="interactive session in the terminal")
+    chat.add_argument("--context", "-c", action="append", default=[], metavar="PATH")
+    chat.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")
+    _limits(chat)
+    return parser
+
+
+def _handler(name: str) -> Handler:
+    if name in {"run", "runs", "trace", "export"}:
+        from fleet_rlm.cli import runs as mod
+    elif name == "volumes":
+        from fleet_rlm.cli import volumes as mod  # type: ignore[no-redef]
+    elif name in {"doctor", "config"}:
+        from fleet_rlm.cli import setup as mod  # type: ignore[no-redef]
+    else:
+        from fleet_rlm.cli import chat as mod  # type: ignore[no-redef]
+    return getattr(mod, f"cmd_{name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from fleet_rlm.cli.common import fail
+
+    try:
+        return _handler(args.command)(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every user-fixable error is one line, no traceback
+        return fail(exc)
+
+
+def fleet_main(argv: Sequence[str] | None = None) -> int:
+    """``fleet``: the terminal chat when called bare, otherwise the same commands as fleet-rlm."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["chat"]
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Live progress of a run on stderr: step, sub-calls done/total, tokens, elapsed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+
+class Progress:
+    """Feed it events; it redraws one status line (TTY) or prints one line per step (pipes)."""
+
+    def __init__(self, mode: str = "compact", console: Console | None = None) -> None:
+        self.mode = mode
+        self.console = console or Console(stderr=True, highlight=False)
+        self.live: Live | None = None
+        self.started = time.monotonic()
+        self.step = 0
+        self.node = "root"
+        self.done = 0
+        self.total = 0
+        self.tokens = 0
+        self.children = 0
+
+    def __enter__(self) -> Progress:
+        if self.mode != "off" and self.console.is_terminal:
+            self.live = Live(self._line(), console=self.console, refresh_per_second=8, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.live.__exit__(None, None, None)
+
+    def _line(self) -> Text:
+        parts = [f"step {self.step}" + (f" ({self.node})" if self.node != "root" else "")]
+        if self.total:
+            parts.append(f"{self.done}/{self.total} sub-queries")
+        if self.children:
+            parts.append(f"{self.children} child RLMs")
+        parts += [f"{self.tokens:,} tokens", f"{time.monotonic() - self.started:.1f}s"]
+        return Text(" · ".join(parts), style="cyan")
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind, data = event["kind"], event.get("data") or {}
+        if kind == "lm.call":
+            self.step, self.node = data.get("step", self.step), event.get("node", "root")
+            self.tokens += int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
+        elif kind == "subcall.finished":
+            self.done, self.total = data.get("done", self.done), data.get("total", self.total)
+            self.tokens += int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
+        elif kind == "child.started":
+            self.children += 1
+        if self.mode == "off":
+            return
+        line = self._describe(event)
+        if line and (self.mode == "verbose" or kind in {"code.executed", "warning", "child.started"}):
+            self.console.print(line, markup=False, highlight=False)
+        if self.live:
+            self.live.update(self._line())
+
+    def _describe(self, event: dict[str, Any]) -> str | None:
+        kind, data, node = event["kind"], event.get("data") or {}, event.get("node", "root")
+        prefix = "  " * int(event.get("depth") or 0)
+        if kind == "code.executed":
+            first = (data.get("code") or "").strip().splitlines()[:1]
+            status = "error" if data.get("error") else ("submitted" if data.get("submitted") else "ok")
+            line = f"{prefix}[{node}] step {data.get('step')}: {first[0][:80] if first else ''} → {status}"
+            if self.mode == "verbose":
+                line += "\n" + _indent(data.get("code") or "", prefix + "    | ")
+                line += "\n" + _indent((data.get("output") or "")[:2000], prefix + "    > ")
+            return line
+        if kind == "warning":
+            return f"{prefix}[{node}] warning: {data.get('message')}"
+        if kind == "child.started":
+            return f"{prefix}[{node}] child RLM: {(data.get('query_preview') or '')[:80]}"
+        if kind == "lm.call" and self.mode == "verbose":
+            return f"{prefix}[{node}] thinking: {(data.get('reasoning') or '')[:300]}"
+        if kind == "subcall.finished" and self.mode == "verbose":
+            return f"{prefix}[{node}] sub-query {data.get('done')}/{data.get('total')}: " \
+                   f"{(data.get('response_preview') or data.get('error') or '')[:80]}"
+        return None
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines() or [""])

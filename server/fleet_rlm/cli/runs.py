@@ -1,0 +1,124 @@
+"""``run``, ``runs``, ``trace`` and ``export``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from fleet_rlm.cli.common import limit_overrides, print_json, settings_for
+from fleet_rlm.cli.progress import Progress
+
+
+async def follow_run(engine: Any, req: Any, mode: str) -> Any:
+    """Start a run, show its progress until it finishes; Ctrl-C cancels it (recorded as cancelled)."""
+    run_id = await engine.start_run(req)
+    try:
+        with Progress(mode) as progress:
+            async for event in engine.subscribe(run_id):
+                progress.feed(event)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        await engine.cancel(run_id)
+        raise
+    return await engine.wait(run_id)
+
+
+def read_stdin_contexts(paths: list[str]) -> tuple[list[str], list[str]]:
+    """``-`` among the context paths means stdin, read as pasted text."""
+    texts = [sys.stdin.read()] if "-" in paths else []
+    return [p for p in paths if p != "-"], texts
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fleet_rlm.core.engine import Engine
+    from fleet_rlm.core.run import RunRequest
+
+    settings = settings_for(args)
+    paths, stdin_texts = read_stdin_contexts(args.context)
+    req = RunRequest(
+        question=args.question, context_paths=paths, context_text=stdin_texts + args.text,
+        session_id=args.session, **limit_overrides(args),
+    )
+
+    async def go() -> Any:
+        async with Engine(settings) as engine:
+            if req.session_id and engine.store and engine.store.get_session(req.session_id) is None:
+                engine.store.create_session(req.session_id)
+            return await follow_run(engine, req, "off" if args.trace_mode == "off" else args.trace_mode)
+
+    result = asyncio.run(go())
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        if result.answer is not None:
+            print(result.answer)
+        tokens = (result.usage.get("total") or {})
+        print(
+            f"[{result.status} · run {result.run_id} · {result.iterations} steps · {result.llm_calls} model calls"
+            f" · {int((tokens.get('prompt_tokens') or 0) + (tokens.get('completion_tokens') or 0)):,} tokens"
+            f" · {result.seconds:.1f}s]" + (f"\n{result.stop_reason}" if result.stop_reason else ""),
+            file=sys.stderr,
+        )
+        if result.error:
+            print(f"error: {result.error}", file=sys.stderr)
+    return {"succeeded": 0, "cancelled": 130}.get(result.status, 1)
+
+
+def _with_store(fn: Any) -> Any:
+    from fleet_rlm.config import load_settings
+    from fleet_rlm.store import Store
+
+    settings = load_settings()
+    store = Store(settings.store_path)
+    try:
+        return fn(store)
+    finally:
+        store.close()
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    rows = _with_store(lambda s: s.list_runs(limit=args.limit, status=args.status))
+    if args.json:
+        print_json([{"run_id": r.id, "status": r.status, "question": r.question, "answer": r.answer,
+                     "created_at": r.created_at, "iterations": r.iterations, "llm_calls": r.llm_calls,
+                     "session_id": r.session_id} for r in rows])
+        return 0
+    if not rows:
+        print("no runs yet: try `fleet-rlm run \"question\" --context FILE`")
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
+        print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}")
+    return 0
+
+
+def _load_trace(run_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    def read(store: Any) -> tuple[Any, list[dict[str, Any]]]:
+        row = store.get_run(run_id)
+        if row is None:
+            raise KeyError(f"no run '{run_id}': see `fleet-rlm runs`")
+        return row, store.events(run_id)
+
+    return _with_store(read)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from fleet_rlm.core.trace import build_trace
+
+    row, events = _load_trace(args.run_id)
+    trace = build_trace(events)
+    if args.json:
+        print_json(trace)
+        return 0
+    from fleet_rlm.cli.trace_view import render
+
+    render(row, trace, full=args.full)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    _row, events = _load_trace(args.run_id)
+    for event in events:
+        print_json(event)
+    return 0

@@ -1,0 +1,133 @@
+"""``doctor`` and ``config``: what is set up, what is missing and how to fix it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import os
+from typing import Any
+
+from fleet_rlm import config as cfg
+from fleet_rlm.cli.common import print_json
+
+
+def _field(key: str) -> str:
+    name = key.lower().removeprefix("fleet_")
+    if name not in cfg.Settings.model_fields:
+        known = ", ".join(sorted(cfg.Settings.model_fields))
+        raise ValueError(f"unknown setting '{key}'; known settings: {known}")
+    return name
+
+
+def _source(name: str) -> str:
+    if os.environ.get(cfg.env_name(name)) is not None:
+        return "env"
+    if name in cfg.SECRET_FIELDS:
+        return "keyring" if cfg.keyring_get(name) else "-"
+    return "settings.json" if name in cfg.read_user_settings() else "default"
+
+
+def _display(settings: cfg.Settings, name: str) -> str:
+    value = getattr(settings, name)
+    if name in cfg.SECRET_FIELDS:
+        return cfg.mask(value.get_secret_value() if value is not None else None)
+    return "(not set)" if value is None else str(value)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        settings = cfg.load_settings()
+        for name in cfg.Settings.model_fields:
+            print(f"{name:<22} {_display(settings, name):<40} [{_source(name)}]")
+        return 0
+    name = _field(args.key)
+    if args.action == "get":
+        print(_display(cfg.load_settings(), name))
+        return 0
+    if args.action == "unset":
+        if name in cfg.SECRET_FIELDS:
+            removed = cfg.keyring_delete(name)
+            print(f"{name}: removed from the keyring" if removed else f"{name}: was not in the keyring")
+        else:
+            values = cfg.read_user_settings()
+            values.pop(name, None)
+            cfg.write_user_settings(values)
+            print(f"{name}: unset")
+        return 0
+    value = args.value
+    if name in cfg.SECRET_FIELDS:
+        if value is None:
+            value = getpass.getpass(f"{name}: ")
+        if not value:
+            raise ValueError(f"{name}: empty value")
+        cfg.keyring_set(name, value)
+        print(f"{name}: stored in the OS keyring, {cfg.mask(value)}")
+        return 0
+    if value is None:
+        raise ValueError(f"give a value: fleet-rlm config set {name} VALUE")
+    values = cfg.read_user_settings()
+    values[name] = value
+    cfg.Settings.model_validate({**values, "home": cfg.default_home()})  # reject bad values before saving
+    cfg.write_user_settings(values)
+    print(f"{name} = {value}  (saved in {cfg.user_settings_path()})")
+    return 0
+
+
+def _check_model(settings: cfg.Settings, offline: bool) -> dict[str, Any]:
+    if not settings.lm_model:
+        return {"ok": False, "detail": "no model set", "fix": "set FLEET_LM_MODEL (e.g. openai/gpt-4o-mini)"}
+    where = settings.lm_api_base or "provider default endpoint"
+    if offline:
+        return {"ok": True, "detail": f"{settings.lm_model} at {where} (not contacted: --offline)"}
+    from fleet_rlm.core.lm import build_lm, explain_lm_error, metered
+
+    lm = build_lm(settings)
+    lm.num_retries = 0
+    try:
+        _, usage = asyncio.run(metered(lambda: lm.acall(prompt="Reply with the word OK.", max_tokens=5)))
+    except Exception as exc:
+        return {"ok": False, "detail": explain_lm_error(exc, lm), "fix": "see the message"}
+    latency = f", answered in {usage.latency:.2f}s" if usage else ""
+    return {"ok": True, "detail": f"{settings.lm_model} at {where}{latency}"}
+
+
+def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[str, dict[str, Any]]:
+    from fleet_rlm.sandbox.local import detect_isolation
+
+    report: dict[str, dict[str, Any]] = {"model": _check_model(settings, offline)}
+    level, detail = detect_isolation()
+    sandbox: dict[str, Any] = {"ok": level == "bwrap", "isolation": level, "detail": detail}
+    if level != "bwrap":
+        sandbox["fix"] = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) to isolate code"
+    elif os.geteuid() == 0:
+        sandbox["detail"] += "; running as root, so the process-count cap is not enforced"
+    report["sandbox"] = sandbox
+    usable, backend = cfg.keyring_status()
+    report["keyring"] = {"ok": usable, "detail": backend}
+    if not usable:
+        report["keyring"]["fix"] = "set keys as environment variables, or install and unlock a Secret Service"
+    report["store"] = {"ok": True, "detail": str(settings.store_path),
+                       "exists": settings.store_path.exists()}
+    daytona = {"api_key": settings.daytona_api_key is not None, "api_url": settings.daytona_api_url,
+               "target": settings.daytona_target}
+    report["daytona"] = {"ok": settings.sandbox != "daytona", "detail": daytona}
+    if settings.sandbox == "daytona":
+        report["daytona"]["fix"] = "the Daytona sandbox is not available in this version: set FLEET_SANDBOX=local"
+    return report
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    settings = cfg.load_settings()
+    report = doctor_report(settings, offline=args.offline)
+    if args.json:
+        print_json(report)
+    else:
+        for name, item in report.items():
+            mark = "ok " if item["ok"] else "!! "
+            print(f"{mark} {name:<8} {item['detail']}")
+            if item.get("fix"):
+                print(f"             fix: {item['fix']}")
+    # Only a model that cannot answer stops runs; the rest degrade with a warning.
+    return 0 if report["model"]["ok"] else 1
+

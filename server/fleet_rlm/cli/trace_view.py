@@ -1,0 +1,66 @@
+"""Render a run's trace tree in the terminal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.tree import Tree
+
+
+def _short(text: str | None, full: bool, limit: int = 400) -> str:
+    text = text or ""
+    return text if full or len(text) <= limit else text[:limit] + f" … [{len(text) - limit:,} more chars]"
+
+
+def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None:
+    node = trace["nodes"][name]
+    for step in node["steps"]:
+        lm = step.get("lm") or {}
+        tokens = (lm.get("prompt_tokens") or 0) + (lm.get("completion_tokens") or 0)
+        head = f"[bold]step {step['step']}[/bold]"
+        if lm:
+            head += f" [dim]({lm.get('model')}, {tokens:,} tokens, {lm.get('latency') or 0:.2f}s)[/dim]"
+        if step.get("submitted"):
+            head += " [green]SUBMIT[/green]"
+        branch = tree.add(head)
+        if step.get("reasoning"):
+            branch.add("[italic]" + escape(_short(step["reasoning"], full)) + "[/italic]")
+        if step.get("code"):
+            branch.add("[yellow]code[/yellow]\n" + escape(_short(step["code"], full, 1200)))
+        if step.get("output") is not None:
+            style = "red" if step.get("error") else "white"
+            branch.add(f"[{style}]output[/{style}] [dim]({step.get('output_chars') or 0:,} chars)[/dim]\n"
+                       + escape(_short(step["output"], full, 800)))
+        if step["subcalls"]:
+            calls = branch.add(f"[magenta]{len(step['subcalls'])} sub-queries[/magenta]")
+            for call in step["subcalls"]:
+                outcome = call.get("error") or call.get("response_preview") or ""
+                calls.add(escape(f"{_short(call.get('prompt_preview'), full, 60)!r} → {_short(outcome, full, 80)!r}"
+                                 f" ({call.get('latency') or 0:.2f}s)"))
+        for child in step["children"]:
+            c = trace["nodes"][child]
+            sub = branch.add(f"[cyan]child {child}[/cyan] {c.get('status')}: "
+                             + escape(_short(c.get("query_preview"), full, 100)))
+            _node_tree(sub, trace, child, full)
+    for warning in node["warnings"]:
+        tree.add("[red]warning[/red] " + escape(str(warning)))
+
+
+def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    run = trace["run"]
+    usage = (run.get("usage") or {}).get("total") or {}
+    title = (f"[bold]run {row.id}[/bold] · {row.status} · {row.iterations} steps · {row.llm_calls} model calls"
+             f" · {int((usage.get('prompt_tokens') or 0) + (usage.get('completion_tokens') or 0)):,} tokens")
+    tree = Tree(title)
+    tree.add("[bold]question[/bold] " + escape(_short(row.question, full)))
+    _node_tree(tree.add("[cyan]root[/cyan]"), trace, "root", full)
+    if row.answer is not None:
+        tree.add("[green]answer[/green] " + escape(_short(row.answer, full, 2000)))
+    if row.stop_reason:
+        tree.add("[yellow]stopped[/yellow] " + escape(row.stop_reason))
+    if row.error:
+        tree.add("[red]error[/red] " + escape(row.error))
+    console.print(tree)

@@ -1,0 +1,232 @@
+"""Settings: environment (``FLEET_*``), then the OS keyring for secrets, then ``.env``, then
+the user's ``settings.json`` under ``FLEET_HOME``.
+
+Secrets are ``SecretStr`` and live only in the environment or the keyring: ``fleet-rlm config
+set`` refuses to write them to a file. Keep this module light: ``--help`` imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    JsonConfigSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+KEYRING_SERVICE = "fleet-rlm"
+SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("FLEET_HOME") or Path.home() / ".fleet-rlm").expanduser()
+
+
+def user_settings_path() -> Path:
+    return default_home() / "settings.json"
+
+
+class Settings(BaseSettings):
+    """Every knob of the runtime; names map to env vars ``FLEET_<NAME>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    home: Path = Field(default_factory=default_home, description="Data folder: store, volumes, work dirs.")
+    lm_model: str | None = Field(None, description="Root model, a LiteLLM model string (openai/gpt-4o-mini).")
+    lm_api_base: str | None = Field(None, description="OpenAI-compatible base URL (Ollama, vLLM, LM Studio).")
+    lm_api_key: SecretStr | None = Field(None, description="API key for the root model.")
+    sub_lm_model: str | None = Field(None, description="Model for llm_query; defaults to the root model.")
+    sub_lm_api_base: str | None = Field(None, description="Base URL for the sub model.")
+    sub_lm_api_key: SecretStr | None = Field(None, description="API key for the sub model.")
+    lm_max_tokens: int = Field(4000, ge=1, description="Max tokens per model reply.")
+    lm_retries: int = Field(3, ge=0, le=10, description="Retries on 429/5xx/timeouts, with backoff.")
+    lm_timeout: float = Field(120.0, gt=0, description="Seconds before one model call times out.")
+
+    sandbox: Literal["local", "daytona"] = Field("local", description="Where code runs.")
+    isolation: Literal["auto", "bwrap", "none"] = Field("auto", description="Local sandbox isolation.")
+    exec_timeout: float = Field(300.0, gt=0, description="Seconds one code step may run.")
+    memory_mb: int = Field(2048, ge=64, description="Memory cap of the sandbox worker.")
+    output_chars: int = Field(10_000, ge=200, description="Output of one step the model sees (head+tail).")
+
+    max_iters: int = Field(20, ge=1, description="Steps per RLM node.")
+    max_llm_calls: int = Field(500, ge=1, description="Model calls per run, all nodes together.")
+    max_depth: int = Field(2, ge=0, description="Child RLM nesting depth (0: rlm_query is a plain call).")
+    max_seconds: float = Field(1800.0, gt=0, description="Wall time per run.")
+    max_cost: float | None = Field(None, gt=0, description="USD per run, where LiteLLM knows prices.")
+    concurrency: int = Field(16, ge=1, le=256, description="Concurrent sub-calls per batch.")
+    child_concurrency: int = Field(4, ge=1, le=64, description="Concurrent child RLMs per batch.")
+    session_idle_seconds: float = Field(1800.0, gt=0, description="Close idle sessions after this.")
+
+    daytona_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("daytona_api_key", "DAYTONA_API_KEY", "FLEET_DAYTONA_API_KEY")
+    )
+    daytona_api_url: str | None = Field(
+        None, validation_alias=AliasChoices("daytona_api_url", "DAYTONA_API_URL", "FLEET_DAYTONA_API_URL")
+    )
+    daytona_target: str | None = Field(
+        None, validation_alias=AliasChoices("daytona_target", "DAYTONA_TARGET", "FLEET_DAYTONA_TARGET")
+    )
+
+    @property
+    def store_path(self) -> Path:
+        return self.home / "fleet.db"
+
+    @property
+    def volumes_root(self) -> Path:
+        return self.home / "volumes"
+
+    @property
+    def work_root(self) -> Path:
+        return self.home / "work"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            KeyringSource(settings_cls),
+            dotenv_settings,
+            JsonConfigSettingsSource(settings_cls, json_file=user_settings_path()),
+        )
+
+
+class KeyringSource(PydanticBaseSettingsSource):
+    """Secrets from the OS keyring; silently absent when no usable backend exists."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if os.environ.get("FLEET_NO_KEYRING"):
+            return {}
+        values: dict[str, Any] = {}
+        for name in SECRET_FIELDS:
+            value = keyring_get(name)
+            if value:
+                values[name] = value
+        return values
+
+
+def keyring_status() -> tuple[bool, str]:
+    """(usable, backend description). Plaintext and fail/null backends are not usable."""
+    try:
+        import keyring
+    except ImportError:  # pragma: no cover - keyring is a dependency
+        return False, "the keyring package is not installed"
+    backend = keyring.get_keyring()
+    name = f"{type(backend).__module__}.{type(backend).__name__}"
+    if any(part in name for part in ("keyring.backends.fail", "keyring.backends.null", "keyrings.alt")):
+        return False, name
+    return True, name
+
+
+NO_KEYRING_HELP = (
+    "no secure OS keyring is available ({backend}). Set the key in the environment instead "
+    "(export {env}=...), or install and unlock a Secret Service (e.g. gnome-keyring) so "
+    "fleet-rlm can store it."
+)
+
+
+def keyring_get(name: str) -> str | None:
+    usable, _ = keyring_status()
+    if not usable:
+        return None
+    import keyring
+    from keyring.errors import KeyringError
+
+    try:
+        return keyring.get_password(KEYRING_SERVICE, name)
+    except KeyringError:
+        return None
+
+
+def keyring_set(name: str, value: str) -> None:
+    usable, backend = keyring_status()
+    if not usable:
+        raise ConfigError(NO_KEYRING_HELP.format(backend=backend, env=env_name(name)))
+    import keyring
+
+    keyring.set_password(KEYRING_SERVICE, name, value)
+
+
+def keyring_delete(name: str) -> bool:
+    usable, _ = keyring_status()
+    if not usable:
+        return False
+    import keyring
+    from keyring.errors import PasswordDeleteError
+
+    try:
+        keyring.delete_password(KEYRING_SERVICE, name)
+    except PasswordDeleteError:
+        return False
+    return True
+
+
+class ConfigError(ValueError):
+    """A setting is missing or wrong; the message says how to fix it."""
+
+
+def env_name(field: str) -> str:
+    if field.startswith("daytona_"):
+        return field.upper()
+    return f"FLEET_{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:  # pydantic ValidationError is a ValueError
+        raise ConfigError(_explain_validation(exc)) from None
+
+
+def _explain_validation(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    lines = []
+    for err in errors():
+        field = ".".join(str(p) for p in err.get("loc", ()))
+        lines.append(f"{env_name(field)}: {err.get('msg')}")
+    return "invalid settings: " + "; ".join(lines)
+
+
+def mask(value: str | None) -> str:
+    """Show that a secret is set without showing it."""
+    if not value:
+        return "(not set)"
+    return "set (…" + value[-4:] + ")" if len(value) >= 12 else "set"
+
+
+def read_user_settings() -> dict[str, Any]:
+    path = user_settings_path()
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text() or "{}")
+
+
+def write_user_settings(values: dict[str, Any]) -> None:
+    leaked = [k for k in values if k in SECRET_FIELDS]
+    if leaked:  # defence in depth: secrets never go to a file
+        raise ConfigError(f"refusing to write secrets to a file: {', '.join(leaked)}")
+    path = user_settings_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)

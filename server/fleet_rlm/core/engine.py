@@ -1,0 +1,343 @@
+"""The Engine: one per process. Starts runs, keeps sessions, owns the store and the bus.
+
+Every face (CLI, MCP, web) calls these methods and nothing else of the runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet_rlm.config import ConfigError, Settings, load_settings
+from fleet_rlm.core.context import ContextError
+from fleet_rlm.core.events import EventBus
+from fleet_rlm.core.run import RunContext, RunRequest, RunResult, load_inputs
+from fleet_rlm.store import RunRecord, Store
+from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
+
+log = logging.getLogger(__name__)
+TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
+
+
+def new_id(prefix: str) -> str:
+    """Sortable by creation time, unguessable enough to share in a URL."""
+    return f"{prefix}{int(time.time() * 1000):x}{secrets.token_hex(3)}"
+
+
+@dataclass
+class Session:
+    """A REPL that outlives one run: variables from earlier answers stay for follow-ups."""
+
+    id: str
+    work_dir: Path
+    sandbox: Any = None
+    has_context: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    """Use as ``async with Engine() as engine:``."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.store: Store | None = None
+        self.bus: EventBus | None = None
+        self.volumes = LocalVolumes(self.settings.volumes_root)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._sessions: dict[str, Session] = {}
+        self._program: Any = None
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Engine:
+        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.settings.store_path)
+        self.bus = EventBus(self.store)
+        interrupted = self.store.mark_interrupted()
+        if interrupted:
+            log.warning("marked %d run(s) interrupted: their process stopped", len(interrupted))
+        self._reaper = asyncio.create_task(self._reap_idle_sessions())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for session_id in list(self._sessions):
+            await self.close_session(session_id)
+        if self.store:
+            self.store.close()
+            self.store = None
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError("the engine is not started: use `async with Engine() as engine`")
+        return self.store
+
+    def validate(self, req: RunRequest) -> None:
+        """Fail fast, before a run exists, on anything the user can fix."""
+        if not req.question or not req.question.strip():
+            raise ValueError("the question is empty: say what you want to know")
+        from fleet_rlm.core.lm import build_lm
+
+        build_lm(self.settings)  # raises ConfigError with the fix when no model is set
+        for spec in req.context_paths:
+            ref = parse_volume_ref(spec)
+            if ref is None and not Path(spec).expanduser().exists():
+                raise ContextError(f"context path '{spec}' does not exist")
+        if req.session_id and req.session_id not in self._sessions:
+            row = self._require_store().get_session(req.session_id)
+            if row is None or row.closed_at is not None:
+                raise ValueError(f"no open session '{req.session_id}': start one with open_session()")
+
+    async def start_run(self, req: RunRequest) -> str:
+        """Validate, record the run as queued and start it; returns the run id at once."""
+        store = self._require_store()
+        self.validate(req)
+        run_id = new_id("r")
+        store.create_run(
+            RunRecord(
+                id=run_id,
+                session_id=req.session_id,
+                parent_run_id=None,
+                question=req.question,
+                status="queued",
+                answer=None,
+                stop_reason=None,
+                error=None,
+                request=req.to_dict(),
+                usage={},
+                iterations=0,
+                llm_calls=0,
+                created_at=time.time(),
+                started_at=None,
+                finished_at=None,
+                owner_pid=os.getpid(),
+                owner_host=socket.gethostname(),
+            )
+        )
+        self._tasks[run_id] = asyncio.create_task(self._execute(run_id, req), name=f"run {run_id}")
+        self._tasks[run_id].add_done_callback(lambda _t: self._tasks.pop(run_id, None))
+        return run_id
+
+    async def run(self, req: RunRequest) -> RunResult:
+        return await self.wait(await self.start_run(req))
+
+    async def wait(self, run_id: str) -> RunResult:
+        task = self._tasks.get(run_id)
+        if task is not None:
+            await asyncio.shield(task)
+        result = self.result(run_id)
+        if result is None:
+            raise KeyError(f"no run '{run_id}'")
+        return result
+
+    async def cancel(self, run_id: str) -> bool:
+        """Stop a run of this process; its sandbox work stops and it is recorded as cancelled."""
+        task = self._tasks.get(run_id)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return True
+
+    def result(self, run_id: str) -> RunResult | None:
+        row = self._require_store().get_run(run_id)
+        if row is None:
+            return None
+        end = row.finished_at or time.time()
+        return RunResult(
+            run_id=row.id,
+            status=row.status,
+            answer=row.answer,
+            iterations=row.iterations or 0,
+            llm_calls=row.llm_calls or 0,
+            usage=row.usage or {},
+            seconds=round(end - (row.started_at or row.created_at), 3),
+            stop_reason=row.stop_reason,
+            error=row.error,
+            session_id=row.session_id,
+        )
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        return self._require_store().get_run(run_id)
+
+    def list_runs(self, **filters: Any) -> list[RunRecord]:
+        return self._require_store().list_runs(**filters)
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        return self._require_store().events(run_id, after_seq=after_seq, limit=limit)
+
+    def subscribe(self, run_id: str | None, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+        assert self.bus is not None, "the engine is not started"
+        return self.bus.subscribe(run_id, after_seq=after_seq)
+
+    def _emit(self, run_id: str) -> Any:
+        bus = self.bus
+        assert bus is not None
+
+        def emit(kind: str, data: dict[str, Any], *, node: str = "root", parent: str | None = None, depth: int = 0):
+            return bus.publish(run_id, kind, data, node=node, parent=parent, depth=depth)
+
+        return emit
+
+    async def _execute(self, run_id: str, req: RunRequest) -> None:
+        store = self._require_store()
+        emit = self._emit(run_id)
+        started = time.time()
+        store.update_run(run_id, status="running", started_at=started)
+        limits = req.limits(self.settings)
+        emit("run.started", {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id})
+        ctx: RunContext | None = None
+        status, answer, stop_reason, error = "failed", None, None, None
+        work = self.settings.work_root / run_id
+        session = self._sessions.get(req.session_id) if req.session_id else None
+        sandbox = None
+        holds_lock = False
+        try:
+            ctx = self._run_context(run_id, emit, limits, work)
+            if req.session_id:
+                session = await self._session(req.session_id)
+                await session.lock.acquire()
+                holds_lock = True
+                work, sandbox = session.work_dir, session.sandbox
+                ctx.work_dir = work
+            else:
+                sandbox = ctx.new_sandbox(work)
+            await sandbox.start()
+            if sandbox.isolation == "none":
+                emit("warning", {"message": "code runs WITHOUT isolation (bubblewrap not available): "
+                                 "install the 'bubblewrap' package to sandbox it"})
+            staged = await load_inputs(
+                sandbox, work, req.question, paths=req.context_paths, texts=req.context_text,
+                volumes=self.volumes, keep_context=bool(session and session.has_context),
+            )
+            if session is not None and staged is not None:
+                session.has_context = True
+            from fleet_rlm.core.node import NodeRuntime
+
+            root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,
+                               sandbox=sandbox, staged=staged)
+            result = await ctx.run_node(root)
+            status, answer, stop_reason = result.status, result.answer, result.stop_reason
+            if answer is None:
+                error = f"no answer: {stop_reason}"
+        except asyncio.CancelledError:
+            status, stop_reason = "cancelled", "cancelled by the user"
+            if session is not None:  # the REPL may be mid-step; its state can't be trusted
+                await self._drop_sandbox(session)
+        except (ConfigError, ContextError, ValueError) as exc:
+            error = str(exc)
+        except Exception as exc:
+            from fleet_rlm.core.lm import explain_lm_error
+
+            error = explain_lm_error(exc, ctx.root_lm if ctx else None)
+            log.debug("run %s failed", run_id, exc_info=True)
+        finally:
+            if session is not None:
+                session.last_used = time.monotonic()
+                if holds_lock:
+                    session.lock.release()
+            elif sandbox is not None:
+                await sandbox.shutdown()
+            if session is None:
+                shutil.rmtree(work, ignore_errors=True)
+            self._finish(run_id, ctx, status, answer, stop_reason, error, started)
+
+    def _run_context(self, run_id: str, emit: Any, limits: Any, work: Path) -> RunContext:
+        from fleet_rlm.core.lm import build_lm
+        from fleet_rlm.core.program import RLMProgram
+
+        if self._program is None:
+            self._program = RLMProgram()
+        volumes = {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
+        return RunContext(
+            run_id=run_id, settings=self.settings, limits=limits, emit=emit,
+            root_lm=build_lm(self.settings), sub_lm=build_lm(self.settings, sub=True),
+            program=self._program, work_dir=work, volumes=volumes,
+        )
+
+    def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
+                stop_reason: str | None, error: str | None, started: float) -> None:
+        store = self._require_store()
+        usage = ctx.usage.to_dict() if ctx else {}
+        iterations = ctx.iterations if ctx else 0
+        llm_calls = ctx.budget.llm_calls if ctx else 0
+        finished = time.time()
+        store.update_run(run_id, status=status, answer=answer, stop_reason=stop_reason, error=error,
+                         usage=usage, iterations=iterations, llm_calls=llm_calls, finished_at=finished)
+        self._emit(run_id)("run.finished", {
+            "status": status, "answer": answer, "stop_reason": stop_reason, "error": error,
+            "usage": usage, "iterations": iterations, "llm_calls": llm_calls,
+            "seconds": round(finished - started, 3),
+        })
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    async def open_session(self, name: str | None = None) -> str:
+        session_id = new_id("s")
+        self._require_store().create_session(session_id, name=name)
+        await self._session(session_id)
+        return session_id
+
+    async def _session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            work = self.settings.work_root / session_id
+            session = Session(session_id, work)
+            self._sessions[session_id] = session
+        if session.sandbox is None or not session.sandbox.alive:
+            session.sandbox = self._new_session_sandbox(session.work_dir)
+            session.has_context = False
+        self._require_store().touch_session(session_id)
+        return session
+
+    def _new_session_sandbox(self, work: Path) -> Any:
+        from fleet_rlm.sandbox.local import LocalSandbox
+
+        s = self.settings
+        volumes = {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
+        return LocalSandbox(work, volumes=volumes, isolation=s.isolation, memory_mb=s.memory_mb,
+                            exec_timeout=s.exec_timeout)
+
+    async def _drop_sandbox(self, session: Session) -> None:
+        if session.sandbox is not None:
+            await session.sandbox.shutdown()
+            session.sandbox = None
+            session.has_context = False
+
+    async def close_session(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            await self._drop_sandbox(session)
+            shutil.rmtree(session.work_dir, ignore_errors=True)
+        if self.store is not None:
+            self.store.close_session(session_id)
+
+    async def _reap_idle_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.settings.session_idle_seconds))
+            now = time.monotonic()
+            for sid, session in list(self._sessions.items()):
+                if not session.lock.locked() and now - session.last_used > self.settings.session_idle_seconds:
+                    log.info("closing idle session %s", sid)
+                    await self.close_session(sid)

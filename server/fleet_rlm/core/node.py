@@ -1,0 +1,242 @@
+"""One RLM instance (the root or a child) inside a run: its sandbox, its host functions and
+the events it emits. The loop itself lives in ``program.RLMProgram``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import dspy
+
+from fleet_rlm.core.budget import BudgetExhausted
+from fleet_rlm.core.context import StagedContext, preview
+from fleet_rlm.core.lm import explain_lm_error, metered
+from fleet_rlm.core.program import cap_middle, extract_code
+from fleet_rlm.sandbox.local import LocalSandbox
+
+if TYPE_CHECKING:
+    from fleet_rlm.core.run import RunContext
+
+PREVIEW = 200
+QUERY_PREVIEW = 2000
+
+
+@dataclass
+class Outcome:
+    shown: str
+    final: str | None
+
+
+def _answer_text(final: dict[str, Any]) -> str:
+    value = final.get("answer", final)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+class NodeRuntime:
+    """What ``RLMProgram`` needs from its surroundings, for one node of a run."""
+
+    def __init__(
+        self,
+        run: RunContext,
+        *,
+        node: str,
+        parent: str | None,
+        depth: int,
+        query: str,
+        sandbox: LocalSandbox,
+        staged: StagedContext | None,
+    ) -> None:
+        self.run = run
+        self.node = node
+        self.parent = parent
+        self.depth = depth
+        self.query = query
+        self.sandbox = sandbox
+        self.staged = staged
+        self.budget = run.budget
+        self.max_iters = run.limits.max_iters
+
+    # -- host functions the sandbox code calls ------------------------------------------------
+
+    def host_functions(self) -> dict[str, Any]:
+        return {
+            "llm_query": self.llm_query,
+            "llm_query_batched": self.llm_query_batched,
+            "rlm_query": self.rlm_query,
+            "rlm_query_batched": self.rlm_query_batched,
+        }
+
+    async def llm_query(self, prompt: str, model: str | None = None) -> str:
+        """One sub-model call; errors reach the REPL code as RuntimeError."""
+        result = await self._subcall(_require_text(prompt), batch=None)
+        if result.startswith("[ERROR]"):
+            raise RuntimeError(result[8:])
+        return result
+
+    async def llm_query_batched(self, prompts: list[str]) -> list[str]:
+        """Concurrent sub-calls (bounded run-wide); a failure fills only its own slot."""
+        if not isinstance(prompts, list):
+            raise TypeError("llm_query_batched takes a list of prompt strings")
+        batch = self.run.next_batch_id()
+        return list(
+            await asyncio.gather(
+                *(self._subcall(p, batch=(batch, i, len(prompts))) for i, p in enumerate(prompts))
+            )
+        )
+
+    async def rlm_query(self, prompt: str, context: str | None = None) -> str:
+        return await self.run.child(self, _require_text(prompt), context)
+
+    async def rlm_query_batched(self, prompts: list[str], contexts: list[str] | None = None) -> list[str]:
+        if not isinstance(prompts, list):
+            raise TypeError("rlm_query_batched takes a list of prompt strings")
+        if contexts is not None and len(contexts) != len(prompts):
+            raise ValueError("rlm_query_batched: contexts must be as long as prompts")
+        gate = asyncio.Semaphore(self.run.settings.child_concurrency)
+
+        async def one(i: int) -> str:
+            async with gate:
+                try:
+                    return await self.run.child(self, prompts[i], contexts[i] if contexts else None)
+                except Exception as exc:
+                    return f"[ERROR] {exc}"
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    async def _subcall(self, prompt: Any, *, batch: tuple[int, int, int] | None) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            return "[ERROR] the prompt must be a non-empty string"
+        run = self.run
+        run.subcalls_started += 1
+        data: dict[str, Any] = {"prompt_preview": prompt[:PREVIEW], "prompt_chars": len(prompt)}
+        if batch:
+            data["batch"] = {"id": batch[0], "index": batch[1], "size": batch[2]}
+        try:
+            self.budget.reserve(1)
+            async with run.subcall_gate:
+                answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt))
+            text = str(answer[0]) if answer else ""
+            run.record_usage(usage)
+            data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
+            if usage:
+                data.update(
+                    model=usage.model,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    cost=usage.cost,
+                    latency=round(usage.latency, 4),
+                )
+        except BudgetExhausted as exc:
+            text = f"[ERROR] {exc.reason}"
+            data["error"] = exc.reason
+        except Exception as exc:
+            reason = explain_lm_error(exc, run.sub_lm)
+            text = f"[ERROR] {reason}"
+            data["error"] = reason
+        run.subcalls_done += 1
+        data.update(done=run.subcalls_done, total=run.subcalls_started)
+        self.emit("subcall.finished", data)
+        return text
+
+    # -- what RLMProgram calls ---------------------------------------------------------------
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        self.run.emit(kind, data, node=self.node, parent=self.parent, depth=self.depth)
+
+    def warn(self, message: str) -> None:
+        self.emit("warning", {"message": message})
+
+    def query_preview(self) -> str:
+        return cap_middle(self.query, QUERY_PREVIEW)
+
+    def opening_observation(self) -> str:
+        lines = [f"query (str, {len(self.query):,} chars): {self.query_preview()}"]
+        staged = self.staged
+        if staged is not None and staged.length:
+            lines.append(
+                f"context (str, {staged.length:,} chars, {len(staged.sources)} source(s)); preview:\n"
+                + preview(staged.path, staged.length)
+            )
+            shown = [s.to_dict() for s in staged.sources[:20]]
+            more = f" … and {len(staged.sources) - 20} more in `sources`" if len(staged.sources) > 20 else ""
+            lines.append(f"sources: {json.dumps(shown)}{more}")
+        elif staged is not None:
+            lines.append("context: empty (no input given; work from the query)")
+        else:
+            lines.append("context: unchanged from the previous run in this session")
+        if self.sandbox.volume_paths:
+            mounts = ", ".join(f"{n} at {p}" for n, p in self.sandbox.volume_paths.items())
+            lines.append(f"volumes (persistent folders: memory/ artifacts/ buffers/ meta/): {mounts}")
+        lines.append(self.status_line(1))
+        return "\n".join(lines)
+
+    def status_line(self, step: int) -> str:
+        limits = self.run.limits
+        return (
+            f"[step {step} of {self.max_iters} · {self.budget.calls_left} model calls left · "
+            f"depth {self.depth} of {limits.max_depth} · {self.budget.seconds_left:.0f} s left]"
+        )
+
+    async def predict(self, predictor: dspy.Predict, *, step: int, **inputs: Any) -> dspy.Prediction:
+        """One root-model call through the chat adapter, metered and traced."""
+        run = self.run
+        self.budget.check()
+        with dspy.context(lm=run.root_lm, adapter=run.adapter):
+            prediction, usage = await metered(lambda: predictor.acall(**inputs))
+        run.record_usage(usage)
+        data: dict[str, Any] = {
+            "step": step,
+            "predictor": "extract" if "transcript" in inputs else "act",
+            "reasoning": str(getattr(prediction, "reasoning", "") or ""),
+        }
+        if usage:
+            data.update(
+                model=usage.model,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cost=usage.cost,
+                latency=round(usage.latency, 4),
+            )
+        self.emit("lm.call", data)
+        return prediction
+
+    async def execute(self, reply: str, *, step: int) -> Outcome:
+        """Run the model's code; whatever happens, the model gets to see it."""
+        try:
+            code = extract_code(reply)
+        except SyntaxError as exc:
+            shown = f"Error: {exc}"
+            self.emit("code.executed", {"step": step, "code": reply, "output": shown, "error": str(exc)})
+            return Outcome(shown, None)
+        result = await self.sandbox.execute(code, timeout=self.run.settings.exec_timeout)
+        parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
+        if result.value is not None:
+            parts.append(f"Out: {result.value}")
+        if result.error:
+            parts.append(f"Error: {result.error}")
+        raw = "\n".join(parts)
+        final = _answer_text(result.final) if result.final is not None else None
+        shown = cap_middle(raw, self.run.settings.output_chars) if raw else "(no output: print what you need to see)"
+        self.emit(
+            "code.executed",
+            {
+                "step": step,
+                "code": code,
+                "output": shown,
+                "output_chars": len(raw),
+                "error": result.error,
+                "error_kind": result.error_kind,
+                "duration": round(result.duration, 4),
+                "submitted": final is not None,
+            },
+        )
+        return Outcome(shown, final)
+
+
+def _require_text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("the prompt must be a non-empty string")
+    return value

@@ -1,0 +1,156 @@
+"""The RLM program: a ``dspy.Module`` whose two predictors optimizers can tune.
+
+``act`` writes the next code step from the REPL transcript; ``extract`` gives the best answer
+when a budget runs out. The transcript is a ``dspy.History`` of (observation, reasoning, code)
+turns, rendered by the chat adapter as alternating user/assistant messages, so every request
+extends the previous one: the prompt is append-only and provider prefix caches hit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import dspy
+
+from fleet_rlm.core.budget import BudgetExhausted
+
+if TYPE_CHECKING:
+    from fleet_rlm.core.node import NodeRuntime
+
+
+class RLMAction(dspy.Signature):
+    """You answer a query about a context too large to read at once, by writing Python code
+    that runs in a persistent REPL. Variables persist between steps.
+
+    Available in the REPL:
+    - `context` (str): the full input. Several sources are concatenated with headers;
+      `sources` lists them as {name, start, end} character offsets into `context`.
+    - `query` (str): the question.
+    - `llm_query(prompt) -> str`: ask a sub-model about a piece of text (it sees only the prompt;
+      it can read roughly 100K characters at once).
+    - `llm_query_batched(prompts) -> list[str]`: many sub-queries at once, run concurrently;
+      a failed slot holds a string starting with "[ERROR]".
+    - `rlm_query(prompt, context=None) -> str`: hand a hard sub-problem to a child RLM with its own
+      REPL (its `query` is `prompt`, its `context` is `context`); `rlm_query_batched(prompts,
+      contexts=None) -> list[str]` runs several children concurrently.
+    - `SUBMIT(answer)`: end with the final answer. Only call it after you have seen the evidence.
+
+    Work in small steps: look at the data's shape first (lengths, a few lines), locate with string
+    operations or regular expressions, use sub-queries for meaning, aggregate in Python, then
+    SUBMIT. Print what you need to see; both printed output and the value of a last-line
+    expression are shown, truncated in the middle if long. Never print the whole context."""
+
+    observation: str = dspy.InputField(desc="What the REPL showed after your last code, or the task at the start.")
+    history: dspy.History = dspy.InputField(desc="Earlier steps.")
+    reasoning: str = dspy.OutputField(desc="What you learned and what you do next, briefly.")
+    code: str = dspy.OutputField(desc="Python code to run next, in a ```python block.")
+
+
+class RLMExtract(dspy.Signature):
+    """A budget ran out before the REPL work called SUBMIT. From the transcript of that work,
+    give the best final answer to the query you can support with what the REPL showed. Say
+    plainly if the evidence is incomplete."""
+
+    query: str = dspy.InputField()
+    transcript: str = dspy.InputField(desc="The steps taken: reasoning, code and output.")
+    answer: str = dspy.OutputField()
+
+
+@dataclass
+class Step:
+    observation: str
+    reasoning: str
+    code: str
+
+
+@dataclass
+class NodeResult:
+    answer: str | None
+    status: str  # succeeded | failed
+    stop_reason: str | None
+    iterations: int
+    steps: list[Step] = field(default_factory=list)
+
+
+_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    """The code inside the reply's fences (python, py or untagged), or the bare reply."""
+    blocks = _FENCE.findall(text or "")
+    if not blocks:
+        return (text or "").strip()
+    wrong = {tag for tag, _ in blocks if tag.lower() not in {"", "python", "py", "python3"}}
+    if wrong:
+        raise SyntaxError(f"code fenced as {', '.join(sorted(wrong))}; write Python in a ```python block")
+    return "\n".join(body.strip("\n") for _, body in blocks)
+
+
+def cap_middle(text: str, limit: int) -> str:
+    """Keep head and tail of long output, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    dropped = len(text) - 2 * half
+    return f"{text[:half]}\n... [{dropped:,} characters omitted] ...\n{text[-half:]}"
+
+
+class RLMProgram(dspy.Module):
+    """The recursive loop. One instance serves the root and every child node of a run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = dspy.Predict(RLMAction)
+        self.extract = dspy.Predict(RLMExtract)
+
+    async def aforward(self, runtime: NodeRuntime) -> NodeResult:  # type: ignore[override]
+        steps: list[Step] = []
+        observation = runtime.opening_observation()
+        stop_reason: str | None = None
+        for index in range(runtime.max_iters):
+            try:
+                runtime.budget.reserve(1)
+                action = await runtime.predict(
+                    self.act, step=index + 1, observation=observation, history=_history(steps)
+                )
+            except BudgetExhausted as exc:
+                stop_reason = exc.reason
+                break
+            outcome = await runtime.execute(action.code, step=index + 1)
+            steps.append(Step(observation, action.reasoning, action.code))
+            if outcome.final is not None:
+                return NodeResult(outcome.final, "succeeded", None, index + 1, steps)
+            observation = outcome.shown + "\n\n" + runtime.status_line(index + 2)
+        else:
+            stop_reason = f"step limit of {runtime.max_iters} reached"
+        answer = await self._extract(runtime, steps, observation, stop_reason or "budget exhausted")
+        status = "succeeded" if answer is not None else "failed"
+        return NodeResult(answer, status, stop_reason, len(steps), steps)
+
+    async def _extract(
+        self, runtime: NodeRuntime, steps: list[Step], last_observation: str, reason: str
+    ) -> str | None:
+        """Best answer from the work so far; one extra model call beyond the budget."""
+        runtime.warn(f"{reason}; extracting the best answer from {len(steps)} steps")
+        shown = [s.observation for s in steps[1:]] + [last_observation]
+        transcript = "\n\n".join(
+            f"Step {i}\nReasoning: {s.reasoning}\nCode:\n{s.code}\nThen the REPL showed:\n{out}"
+            for i, (s, out) in enumerate(zip(steps, shown, strict=True), start=1)
+        )
+        try:
+            result = await runtime.predict(
+                self.extract, step=len(steps) + 1, query=runtime.query_preview(), transcript=transcript
+            )
+        except Exception as exc:  # an unreachable model must not hide the stop reason
+            runtime.warn(f"extraction failed: {exc}")
+            return None
+        return str(result.answer)
+
+
+def _history(steps: list[Step]) -> dspy.History:
+    return dspy.History(
+        messages=[{"observation": s.observation, "reasoning": s.reasoning, "code": s.code} for s in steps]
+    )
+

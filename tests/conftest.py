@@ -1,0 +1,41 @@
+"""Shared fixtures: an isolated FLEET_HOME and the scripted LM server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ["FLEET_NO_KEYRING"] = "1"  # tests never touch the developer's keyring
+
+from tests.support.oracle_lm import OracleLM  # noqa: E402
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def oracle() -> Iterator[OracleLM]:
+    with OracleLM() as lm:
+        yield lm
+
+
+@pytest.fixture
+def fleet_env(tmp_path: Path, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Environment pointing the runtime at the oracle and a fresh FLEET_HOME."""
+    env = {
+        "FLEET_HOME": str(tmp_path / "home"),
+        "FLEET_LM_MODEL": "openai/oracle",
+        "FLEET_LM_API_BASE": oracle.base_url,
+        "FLEET_LM_API_KEY": "sk-test-oracle-0000",
+        "FLEET_LM_RETRIES": "0",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    return env
