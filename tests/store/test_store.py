@@ -1,0 +1,284 @@
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
+
+
+def _run(run_id: str, **kw) -> RunRecord:
+    return RunRecord(id=run_id, question=f"q {run_id}", **kw)
+
+
+# -- schema -------------------------------------------------------------------
+
+
+def test_fresh_store_is_migrated_with_wal(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "dir" / "fleet.db"
+    with Store(path):
+        pass
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"runs", "events", "sessions"} <= tables
+    conn.close()
+
+
+def test_reopen_is_idempotent_and_data_survives(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    with Store(path) as s:
+        s.create_run(_run("r1", request={"model": "m"}))
+        s.append_event("r1", "run.started", {"question": "q r1"})
+        s.create_session("s1", name="notes", meta={"a": 1})
+    for _ in range(2):
+        with Store(path) as s:
+            run = s.get_run("r1")
+            assert run is not None and run.request == {"model": "m"}
+            assert [e["kind"] for e in s.events("r1")] == ["run.started"]
+            assert s.get_session("s1").meta == {"a": 1}
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    Store(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    conn.close()
+    with pytest.raises(StoreError, match=rf"newer fleet-rlm \(schema {SCHEMA_VERSION + 5}\); upgrade"):
+        Store(path)
+
+
+# -- runs ---------------------------------------------------------------------
+
+
+def test_create_get_update(store: Store) -> None:
+    store.create_run(_run("r1", session_id="s", owner_pid=1, owner_host="h"))
+    store.update_run("r1", status="running", started_at=5.0, usage={"total_tokens": 3}, iterations=2)
+    run = store.get_run("r1")
+    assert run.status == "running" and run.started_at == 5.0 and run.iterations == 2
+    assert run.usage == {"total_tokens": 3} and run.request == {}
+    assert store.get_run("missing") is None
+    with pytest.raises(ValueError, match="already exists"):
+        store.create_run(_run("r1"))
+    with pytest.raises(ValueError, match="cannot update"):
+        store.update_run("r1", id="x")
+    with pytest.raises(ValueError, match="cannot update"):
+        store.update_run("r1", bogus=1)
+    with pytest.raises(ValueError, match="unknown run status"):
+        store.update_run("r1", status="exploded")
+    with pytest.raises(KeyError):
+        store.update_run("missing", status="failed")
+
+
+def test_list_paging_and_filters(store: Store) -> None:
+    for i in range(7):
+        store.create_run(
+            _run(f"r{i}", created_at=100.0 + i, session_id="a" if i % 2 else "b", status="succeeded")
+        )
+    store.update_run("r3", status="failed")
+    assert [r.id for r in store.list_runs()] == [f"r{i}" for i in range(6, -1, -1)]
+    assert [r.id for r in store.list_runs(limit=3, offset=2)] == ["r4", "r3", "r2"]
+    assert [r.id for r in store.list_runs(session_id="a")] == ["r5", "r3", "r1"]
+    assert [r.id for r in store.list_runs(status="failed")] == ["r3"]
+    assert [r.id for r in store.list_runs(session_id="b", status="failed")] == []
+
+
+def test_delete_run_removes_events(store: Store) -> None:
+    store.create_run(_run("r1"))
+    store.create_run(_run("r2"))
+    for kind in ("a", "b"):
+        store.append_event("r1", kind, {})
+        store.append_event("r2", kind, {})
+    store.delete_run("r1")
+    assert store.get_run("r1") is None and store.events("r1") == [] and store.last_seq("r1") == 0
+    assert len(store.events("r2")) == 2
+
+
+# -- events -------------------------------------------------------------------
+
+
+def test_append_and_read_events(store: Store) -> None:
+    store.create_run(_run("r1"))
+    e1 = store.append_event("r1", "run.started", {"x": 1}, ts=10.0)
+    e2 = store.append_event("r1", "lm.call", {"y": [1, 2]}, node="root.1", parent="root", depth=1)
+    assert e1 == {
+        "v": 1,
+        "run_id": "r1",
+        "seq": 1,
+        "ts": 10.0,
+        "kind": "run.started",
+        "node": "root",
+        "parent": None,
+        "depth": 0,
+        "data": {"x": 1},
+    }
+    assert e2["seq"] == 2 and e2["node"] == "root.1" and e2["depth"] == 1
+    assert store.events("r1") == [e1, e2]
+    assert store.events("r1", after_seq=1) == [e2]
+    assert store.events("r1", limit=1) == [e1]
+    assert store.last_seq("r1") == 2 and store.last_seq("nope") == 0
+
+
+def test_event_for_unknown_run_is_refused(store: Store) -> None:
+    with pytest.raises(KeyError, match="no run"):
+        store.append_event("ghost", "warning", {})
+
+
+def test_seq_gap_free_across_threads(store: Store) -> None:
+    store.create_run(_run("r1"))
+    seqs: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for i in range(200):
+            seq = store.append_event("r1", "warning", {"i": i})["seq"]
+            with lock:
+                seqs.append(seq)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seqs) == list(range(1, 1601))
+    assert [e["seq"] for e in store.events("r1")] == list(range(1, 1601))
+
+
+def test_seq_gap_free_across_store_instances(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    with Store(path) as s:
+        s.create_run(_run("r1"))
+    stores = [Store(path), Store(path)]
+
+    def worker(s: Store) -> None:
+        for _ in range(150):
+            s.append_event("r1", "warning", {})
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in stores for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [e["seq"] for e in stores[0].events("r1")] == list(range(1, 601))
+    for s in stores:
+        s.close()
+
+
+_APPENDER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fleet_rlm.store import Store
+
+    s = Store(Path(sys.argv[1]))
+    for i in range(int(sys.argv[2])):
+        s.append_event("r1", "warning", {"who": sys.argv[3], "i": i})
+    s.close()
+    """
+)
+
+
+def test_seq_gap_free_across_processes(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    with Store(path) as s:
+        s.create_run(_run("r1"))
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), "200", name])
+            for name in ("p1", "p2")
+        ]
+        for i in range(100):  # and this process too, at the same time
+            s.append_event("r1", "warning", {"who": "me", "i": i})
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        events = s.events("r1")
+    assert [e["seq"] for e in events] == list(range(1, 501))
+    for who, n in (("p1", 200), ("p2", 200), ("me", 100)):
+        # each writer's own events keep their order
+        assert [e["data"]["i"] for e in events if e["data"]["who"] == who] == list(range(n))
+
+
+# -- crash recovery -----------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_mark_interrupted(store: Store) -> None:
+    host = socket.gethostname()
+    dead = _dead_pid()
+    store.create_run(_run("dead", status="running", owner_pid=dead, owner_host=host, usage={"n": 1}))
+    store.create_run(_run("queued-dead", status="queued", owner_pid=dead, owner_host=host))
+    store.create_run(_run("mine", status="running", owner_pid=os.getpid(), owner_host=host))
+    store.create_run(_run("other-host", status="running", owner_pid=dead, owner_host=host + "-elsewhere"))
+    store.create_run(_run("done", status="succeeded", owner_pid=dead, owner_host=host))
+    store.append_event("dead", "run.started", {})
+
+    before = time.time()
+    assert sorted(store.mark_interrupted()) == ["dead", "queued-dead"]
+
+    run = store.get_run("dead")
+    assert run.status == "interrupted" and run.finished_at >= before
+    assert run.stop_reason == f"the process running it stopped (pid {dead})"
+    last = store.events("dead")[-1]
+    assert last["seq"] == 2 and last["kind"] == "run.finished"
+    assert last["data"] == {
+        "status": "interrupted",
+        "answer": None,
+        "usage": {"n": 1},
+        "stop_reason": run.stop_reason,
+    }
+    assert [e["kind"] for e in store.events("queued-dead")] == ["run.finished"]
+    assert store.get_run("mine").status == "running"
+    assert store.get_run("other-host").status == "running"
+    assert store.get_run("done").status == "succeeded"
+    assert store.mark_interrupted() == []  # idempotent
+
+
+def test_mark_interrupted_custom_alive_check(store: Store) -> None:
+    host = socket.gethostname()
+    store.create_run(_run("a", status="running", owner_pid=111, owner_host=host))
+    store.create_run(_run("b", status="running", owner_pid=222, owner_host=host))
+    store.create_run(_run("me", status="running", owner_pid=os.getpid(), owner_host=host))
+    assert store.mark_interrupted(alive=lambda pid: pid == 111) == ["b"]
+    # our own pid counts as alive whatever the check says
+    assert store.mark_interrupted(alive=lambda pid: False) == ["a"]
+
+
+# -- sessions -----------------------------------------------------------------
+
+
+def test_sessions(store: Store) -> None:
+    s1 = store.create_session("s1", name="first")
+    time.sleep(0.01)
+    store.create_session("s2", meta={"k": "v"})
+    assert [s.id for s in store.list_sessions()] == ["s2", "s1"]
+    time.sleep(0.01)
+    store.touch_session("s1")
+    assert store.get_session("s1").last_used_at > s1.last_used_at
+    assert [s.id for s in store.list_sessions()] == ["s1", "s2"]
+    store.close_session("s2")
+    assert [s.id for s in store.list_sessions()] == ["s1"]
+    assert {s.id for s in store.list_sessions(include_closed=True)} == {"s1", "s2"}
+    assert store.get_session("s2").closed_at is not None
+    assert store.get_session("nope") is None
+    with pytest.raises(ValueError, match="already exists"):
+        store.create_session("s1")
+    with pytest.raises(KeyError):
+        store.touch_session("nope")
+
+
+def test_json_columns_are_json(store: Store) -> None:
+    store.create_run(_run("r1", request={"a": [1, 2]}))
+    row = store._read("SELECT request_json, usage_json FROM runs WHERE id = 'r1'")[0]
+    assert json.loads(row[0]) == {"a": [1, 2]} and json.loads(row[1]) == {}
