@@ -1,0 +1,193 @@
+"""The runtime end to end over the scripted LM server: answers, events, budgets, children,
+sessions, errors and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from fleet_rlm.config import ConfigError, load_settings
+from fleet_rlm.core.context import ContextError
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.run import RunRequest
+from fleet_rlm.core.trace import build_trace
+from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.workloads import NEEDLE_STEPS, write_haystack
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_needle_answer_events_and_trace(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+    oracle.add(Scenario("secret code", NEEDLE_STEPS))
+    hay = write_haystack(tmp_path / "hay.txt", 1_000_000, "K7Q2")
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("What is the secret code?", context_paths=[str(hay)]))
+        events = engine.events(result.run_id)
+    assert result.status == "succeeded", result.error
+    assert result.answer == "K7Q2"
+    assert result.iterations == len(NEEDLE_STEPS)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["kind"] == "run.started" and events[-1]["kind"] == "run.finished"
+    trace = build_trace(events)
+    steps = trace["nodes"]["root"]["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    subcalls = steps[1]["subcalls"]
+    assert len(subcalls) == result.llm_calls - len(NEEDLE_STEPS)
+    assert any(s["response_preview"] == "K7Q2" for s in subcalls)
+    # The haystack never travels in a prompt: only previews and the needle chunk do.
+    biggest = max(len(json.dumps(r.messages)) for r in oracle.requests())
+    assert biggest < 200_000
+
+
+async def test_prompt_is_append_only(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("count to three", ["x = 1\nprint(x)", "x += 1\nprint(x)", "x += 1\nSUBMIT(x)"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("count to three", context_text=["nothing here"]))
+    assert result.answer == "3"
+    roots = [r.messages for r in oracle.requests("root")]
+    assert len(roots) == 3
+    for earlier, later in zip(roots, roots[1:], strict=False):
+        assert later[: len(earlier)] == earlier  # each request extends the last: prefix caches hit
+
+
+async def test_print_and_trailing_value_both_shown(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("show both", ["print('hello from print')\n40 + 2", "SUBMIT('done')"]))
+    async with Engine() as engine:
+        await engine.run(RunRequest("show both", context_text=["x"]))
+    second = json.dumps(oracle.requests("root")[1].messages[-1])
+    assert "hello from print" in second and "Out: 42" in second
+
+
+async def test_batched_subcalls_reach_configured_concurrency(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_CONCURRENCY", "8")
+    oracle.state.latency = 0.1
+    oracle.add(Scenario("fan out", [
+        "answers = llm_query_batched([f'item {i}' for i in range(64)])\nprint(len(answers))",
+        "SUBMIT(str(len(answers)))",
+    ]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("fan out", context_text=["x"]))
+    assert result.answer == "64"
+    assert oracle.max_in_flight == 8  # reached, never exceeded
+    assert result.llm_calls == 2 + 64
+
+
+async def test_step_limit_extracts_best_answer(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("never done", ["print('still looking')"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("never done", context_text=["x"], max_iters=2))
+        events = engine.events(result.run_id)
+    assert result.status == "succeeded"
+    assert result.answer == "extracted"  # the oracle's reply to the extract predictor
+    assert result.stop_reason == "step limit of 2 reached"
+    assert any(e["kind"] == "warning" and "extracting" in e["data"]["message"] for e in events)
+
+
+async def test_call_budget_fails_slots_not_the_batch(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("tight budget", [
+        "r = llm_query_batched(['a', 'b', 'c', 'd', 'e'])\nprint('errors=%d' % sum(x.startswith('[ERROR]') for x in r))",
+        "SUBMIT('ok')",
+    ]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("tight budget", context_text=["x"], max_llm_calls=5))
+    # 1 root call + 4 sub-calls fit; the fifth slot fails alone, then the next step cannot start.
+    assert "errors=1" in json.dumps(oracle.requests("root")[1].messages[-1])
+    assert result.stop_reason == "model call limit of 5 reached"
+    assert result.answer == "extracted"
+
+
+async def test_children_run_in_own_repl_and_share_budget(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("delegate", [
+        "secret_in_parent = 1\nr = rlm_query_batched(['child task one', 'child task two'], ['alpha', 'gamma'])\nprint(r)",
+        "SUBMIT(' & '.join(r))",
+    ]))
+    oracle.add(Scenario("child task", [
+        "print('secret_in_parent' in globals(), len(context))",
+        "SUBMIT(context.upper())",
+    ]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("delegate", context_text=["x"]))
+        trace = build_trace(engine.events(result.run_id))
+    assert result.answer == "ALPHA & GAMMA"
+    children = trace["nodes"]["root"]["steps"][0]["children"]
+    assert sorted(children) == ["root.1", "root.2"]
+    for child in children:
+        node = trace["nodes"][child]
+        assert node["parent"] == "root" and node["depth"] == 1 and node["status"] == "succeeded"
+        assert "False 5" in node["steps"][0]["output"]  # own namespace, own context
+    assert result.llm_calls == 2 + 2 * 2  # children's model calls count against the run
+
+
+async def test_depth_limit_falls_back_to_plain_call(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("too deep", ["r = rlm_query('The secret code is DEEP1')\nSUBMIT(r)"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("too deep", context_text=["x"], max_depth=0))
+        events = engine.events(result.run_id)
+    assert result.answer == "DEEP1"
+    assert any(e["kind"] == "warning" and "max_depth" in e["data"]["message"] for e in events)
+    assert not any(e["kind"] == "child.started" for e in events)
+
+
+async def test_session_keeps_repl_state(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("remember", ["section = context.split()[2]\nSUBMIT(section)"]))
+    oracle.add(Scenario("recall", ["SUBMIT(section + ' again, context has ' + str(len(context)))"]))
+    async with Engine() as engine:
+        sid = await engine.open_session("t")
+        first = await engine.run(RunRequest("remember", context_text=["one two three four"], session_id=sid))
+        second = await engine.run(RunRequest("recall", session_id=sid))
+    assert first.answer == "three"
+    assert second.answer == "three again, context has 18"
+
+
+async def test_user_errors_are_clear_and_create_no_run(
+    fleet_env: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    async with Engine() as engine:
+        with pytest.raises(ContextError, match="does not exist"):
+            await engine.start_run(RunRequest("q", context_paths=[str(tmp_path / "missing.txt")]))
+        with pytest.raises(ValueError, match="question is empty"):
+            await engine.start_run(RunRequest("  "))
+        assert engine.list_runs() == []
+    monkeypatch.delenv("FLEET_LM_MODEL")
+    async with Engine(load_settings()) as engine:
+        with pytest.raises(ConfigError, match="FLEET_LM_MODEL"):
+            await engine.start_run(RunRequest("q"))
+
+
+async def test_unreachable_model_fails_run_with_fix(fleet_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_LM_API_BASE", "http://127.0.0.1:9/v1")
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("q", context_text=["x"]))
+    assert result.status == "failed"
+    assert "cannot reach" in result.error and "FLEET_LM_API_BASE" in result.error
+
+
+async def test_cancel_stops_sandbox_work(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("slow", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
+    async with Engine() as engine:
+        run_id = await engine.start_run(RunRequest("slow", context_text=["x"]))
+        async for event in engine.subscribe(run_id):
+            if event["kind"] == "lm.call":
+                break
+        await asyncio.sleep(0.3)
+        assert await engine.cancel(run_id)
+        result = await engine.wait(run_id)
+        events = engine.events(run_id)
+    assert result.status == "cancelled"
+    assert events[-1]["kind"] == "run.finished" and events[-1]["data"]["status"] == "cancelled"
+
+
+async def test_secrets_never_reach_the_store(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("leak", ["import os\nprint(sorted(os.environ))\nSUBMIT(os.environ.get('FLEET_LM_API_KEY', 'none'))"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("leak", context_text=["x"]))
+        store_path = engine.settings.store_path
+    assert result.answer == "none"
+    blob = b"".join(p.read_bytes() for p in store_path.parent.glob("fleet.db*"))
+    assert fleet_env["FLEET_LM_API_KEY"].encode() not in blob
+    assert all(r.auth == f"Bearer {fleet_env['FLEET_LM_API_KEY']}" for r in oracle.requests())
