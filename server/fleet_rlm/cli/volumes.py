@@ -26,7 +26,8 @@ def cmd_volumes(args: argparse.Namespace) -> int:
             rows = volumes.list_volumes()
             if args.json:
                 print_json(rows)
-            elif not rows:
+                return 0
+            if not rows:
                 print("no volumes yet: `fleet-rlm volumes put FILE NAME/memory/FILE` creates one")
             for v in rows:
                 print(f"{v['name']:<24} {v['files']:>6} files {v['bytes']:>12,} bytes")
@@ -35,6 +36,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
         rows = volumes.list_files(name, path, recursive=True)
         if args.json:
             print_json(rows)
+            return 0
         for f in rows:
             print(f"{f['type']:<4} {f.get('size') or 0:>12,}  {f['path']}")
         return 0
