@@ -110,7 +110,8 @@ class OracleLM:
 
 def _root_answer(state: OracleState, messages: list[dict[str, Any]]) -> str:
     transcript = "\n".join(_text(m.get("content")) for m in messages)
-    step = sum(1 for m in messages if m.get("role") == "assistant")
+    # Our runtime sends steps as chat turns; stock dspy.RLM renders them as "=== Step N ===".
+    step = sum(1 for m in messages if m.get("role") == "assistant") or transcript.count("=== Step ")
     for scenario in state.scenarios:
         if scenario.trigger in transcript:
             code = scenario.steps[min(step, len(scenario.steps) - 1)]
