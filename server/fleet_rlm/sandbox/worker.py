@@ -1,0 +1,512 @@
+"""In-sandbox REPL worker for fleet-rlm (stdlib only).
+
+Run as ``python3 -I -S -u worker.py --workdir DIR --memory-mb N --max-procs N``, possibly
+inside bubblewrap where nothing but the standard library exists.
+
+Protocol: newline-delimited JSON objects (UTF-8).
+Host -> worker (every request carries ``id``; only ``execute`` replies ``done``):
+  execute {code, timeout, output_limit} -> done {stdout, value, error, error_kind, final, duration}
+      plus throttled {"op":"output","id","data"} chunks while the code runs.
+  configure {output_fields}, define_functions {names}, set_var {name, value},
+  load_text {name, path}                  -> {"op":"ok","id"} or {"op":"error","id","error"}
+  result {id, ok, value | error}          -> answer to a host call (no reply)
+  shutdown                                -> worker exits (EOF on stdin as well)
+Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import itertools
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+import uuid
+import weakref
+from collections import deque
+from typing import Any
+
+SPOOL_THRESHOLD = 256 * 1024  # str args longer than this (chars) travel as files, not through the pipe
+STREAM_INTERVAL = 0.2  # seconds between live output chunks
+REPL_FILENAME = "<repl>"
+
+
+class _Submit(BaseException):
+    """Raised by SUBMIT; BaseException so user `except Exception` blocks don't swallow it."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__("SUBMIT")
+        self.payload = payload
+
+
+class _Timeout(BaseException):
+    """Raised in the main thread by SIGALRM when an execution exceeds its time limit."""
+
+
+class _Capture:
+    """Bounded head+tail buffer shared by the stdout/stderr replacements of one execution."""
+
+    def __init__(self, limit: int) -> None:
+        self.lock = threading.Lock()
+        self.limit = limit
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head: list[str] = []
+        self.head_len = 0
+        self.tail: deque[str] = deque()
+        self.tail_len = 0
+        self.dropped = 0
+        self.pending: list[str] = []  # written but not yet streamed to the host
+        self.streamed = 0
+        self.err_line_start = True
+
+    def add(self, text: str) -> None:
+        with self.lock:
+            # Live streaming is capped too, so a print loop cannot flood the pipe.
+            room = self.limit - self.streamed
+            if room > 0:
+                chunk = text[:room]
+                self.pending.append(chunk)
+                self.streamed += len(chunk)
+            room = self.head_limit - self.head_len
+            if room > 0:
+                self.head.append(text[:room])
+                self.head_len += min(room, len(text))
+                text = text[room:]
+            if not text:
+                return
+            self.tail.append(text)
+            self.tail_len += len(text)
+            while self.tail_len > self.tail_limit:
+                cut = min(len(self.tail[0]), self.tail_len - self.tail_limit)
+                if cut == len(self.tail[0]):
+                    self.tail.popleft()
+                else:
+                    self.tail[0] = self.tail[0][cut:]
+                self.tail_len -= cut
+                self.dropped += cut
+
+    def take_pending(self) -> str:
+        with self.lock:
+            data = "".join(self.pending)
+            self.pending.clear()
+            return data
+
+    def text(self) -> str:
+        with self.lock:
+            head, tail = "".join(self.head), "".join(self.tail)
+        if not self.dropped:
+            return head + tail
+        return f"{head}\n... [{self.dropped} characters of output omitted] ...\n{tail}"
+
+
+class _Stream(io.TextIOBase):
+    """File-like replacement for sys.stdout / sys.stderr during an execution."""
+
+    def __init__(self, capture: _Capture, is_err: bool) -> None:
+        self._capture = capture
+        self._is_err = is_err
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        out = text
+        if self._is_err and text:
+            # Mark every stderr line so the reader can tell it from normal prints.
+            cap = self._capture
+            lines = text.split("\n")
+            parts = []
+            for i, line in enumerate(lines):
+                if i > 0:
+                    parts.append("\n")
+                    cap.err_line_start = True
+                if line:
+                    if cap.err_line_start:
+                        parts.append("[stderr] ")
+                    parts.append(line)
+                    cap.err_line_start = False
+            out = "".join(parts)
+        self._capture.add(out)
+        return len(text)
+
+
+class Worker:
+    def __init__(self, workdir: str, memory_mb: int) -> None:
+        self.workdir = workdir
+        self.memory_mb = memory_mb
+        # User code lives in a fresh module registered as __main__, so dataclasses and pickle of
+        # user-defined classes resolve their module (the worker's own globals stay apart).
+        main_module = types.ModuleType("__main__")
+        sys.modules["__main__"] = main_module
+        self.namespace: dict[str, Any] = main_module.__dict__
+        self.namespace["__builtins__"] = __builtins__
+        self.output_fields: list[dict[str, Any]] | None = None
+        self.requests: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self.outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.calls: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
+        self.call_ids = itertools.count(1)
+        self.closed = threading.Event()
+        self.capture: _Capture | None = None
+        self.capture_id: Any = None
+        self.armed = False
+        self.sources: weakref.WeakKeyDictionary[types.CodeType, list[str]] = weakref.WeakKeyDictionary()
+        self.namespace["SUBMIT"] = self._submit
+
+    # ---- transport -------------------------------------------------------------------------------
+    def send(self, message: dict[str, Any]) -> None:
+        # Only the writer thread touches the fd; SimpleQueue.put is atomic for signal handlers,
+        # so a SIGALRM can never leave a half-written line on the protocol pipe.
+        line = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"
+        self.outgoing.put(line)
+
+    def writer(self, fd: int) -> None:
+        while True:
+            data = self.outgoing.get()
+            if data is None:
+                return
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                self.closed.set()
+                return
+
+    def reader(self) -> None:
+        stdin = sys.stdin.buffer
+        while True:
+            line = stdin.readline()
+            if not line:
+                break
+            try:
+                message = json.loads(line)
+            except ValueError:
+                print(f"worker: ignoring malformed request {line[:200]!r}", file=sys.__stderr__)
+                continue
+            if message.get("op") == "result":
+                slot = self.calls.get(message.get("id"))
+                if slot is not None:  # a call abandoned after a timeout has no slot any more
+                    slot.put(message)
+                continue
+            self.requests.put(message)
+            if message.get("op") == "shutdown":
+                break
+        self.closed.set()
+        self.requests.put(None)
+
+    def streamer(self) -> None:
+        while not self.closed.is_set():
+            time.sleep(STREAM_INTERVAL)
+            capture, req_id = self.capture, self.capture_id
+            if capture is not None:
+                data = capture.take_pending()
+                if data:
+                    self.send({"op": "output", "id": req_id, "data": data})
+
+    # ---- host calls ------------------------------------------------------------------------------
+    def _spool(self, value: Any) -> Any:
+        if isinstance(value, str) and len(value) > SPOOL_THRESHOLD:
+            xfer = os.path.join(self.workdir, ".xfer")
+            os.makedirs(xfer, exist_ok=True)
+            name = f"{uuid.uuid4().hex}.txt"
+            with open(os.path.join(xfer, name), "w", encoding="utf-8", errors="surrogatepass") as fh:
+                fh.write(value)
+            return {"__file__": f".xfer/{name}"}
+        return value
+
+    def _encode_args(self, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [self._spool(item) for item in value]
+        if isinstance(value, dict):
+            return {str(k): self._spool(v) for k, v in value.items()}
+        return self._spool(value)
+
+    def host_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call_id = next(self.call_ids)
+        slot: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.calls[call_id] = slot
+        try:
+            self.send(
+                {
+                    "op": "call",
+                    "id": call_id,
+                    "name": name,
+                    "args": [self._encode_args(a) for a in args],
+                    "kwargs": {k: self._encode_args(v) for k, v in kwargs.items()},
+                }
+            )
+            while True:
+                # Short waits keep the main thread responsive to the SIGALRM timeout.
+                try:
+                    reply = slot.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if self.closed.is_set():
+                        raise RuntimeError(f"{name}: the host connection closed") from None
+        finally:
+            self.calls.pop(call_id, None)
+        if not reply.get("ok"):
+            raise RuntimeError(reply.get("error") or f"{name} failed")
+        return reply.get("value")
+
+    def define(self, name: str) -> None:
+        def host_function(*args: Any, **kwargs: Any) -> Any:
+            return self.host_call(name, args, kwargs)
+
+        host_function.__name__ = host_function.__qualname__ = name
+        self.namespace[name] = host_function
+
+    # ---- SUBMIT ----------------------------------------------------------------------------------
+    def _submit(self, *args: Any, **kwargs: Any) -> None:
+        fields = [f["name"] for f in self.output_fields or []]
+        if not fields:
+            if (args and kwargs) or len(args) > 1:
+                raise TypeError("SUBMIT() takes one value (SUBMIT(x)) or keywords (SUBMIT(answer=x))")
+            if args:
+                kwargs = {"answer": args[0]}
+            if not kwargs:
+                raise TypeError("SUBMIT() needs a value: SUBMIT(x) or SUBMIT(answer=x)")
+            raise _Submit(_jsonable(kwargs))
+        usage = f"SUBMIT({', '.join(fields)}) or SUBMIT({', '.join(f + '=...' for f in fields)})"
+        if len(args) > len(fields):
+            raise TypeError(f"SUBMIT() takes {len(fields)} values but {len(args)} were given; use {usage}")
+        values = dict(zip(fields, args, strict=False))
+        for key, value in kwargs.items():
+            if key not in fields:
+                raise TypeError(f"SUBMIT() got an unknown field {key!r}; use {usage}")
+            if key in values:
+                raise TypeError(f"SUBMIT() got field {key!r} twice; use {usage}")
+            values[key] = value
+        missing = [f for f in fields if f not in values]
+        if missing:
+            names = ", ".join(map(repr, missing))
+            raise TypeError(f"SUBMIT() missing required field(s) {names}; use {usage}")
+        raise _Submit(_jsonable(values))
+
+    # ---- execute ---------------------------------------------------------------------------------
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self.armed:
+            raise _Timeout()
+
+    def _remember_source(self, code: types.CodeType, lines: list[str]) -> None:
+        self.sources[code] = lines
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                self._remember_source(const, lines)
+
+    def _format_error(self, exc: BaseException) -> str:
+        # Only frames of user code, so the model sees its own lines and not the worker's.
+        lines = ["Traceback (most recent call last):\n"]
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename == REPL_FILENAME:
+                lines.append(f'  File "{REPL_FILENAME}", line {tb.tb_lineno}, in {code.co_name}\n')
+                source = self.sources.get(code)
+                if source and 0 < tb.tb_lineno <= len(source):
+                    lines.append(f"    {source[tb.tb_lineno - 1].strip()}\n")
+            tb = tb.tb_next
+        if len(lines) == 1:
+            lines = []
+        lines.extend(traceback.format_exception_only(type(exc), exc))
+        return "".join(lines).rstrip("\n")
+
+    def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        code = msg.get("code", "")
+        timeout = msg.get("timeout")
+        limit = int(msg.get("output_limit") or 1_000_000)
+        capture = _Capture(limit)
+        reply: dict[str, Any] = {"op": "done", "id": msg.get("id"), "value": None, "error": None}
+        reply.update(error_kind=None, final=None)
+        start = time.monotonic()
+        try:
+            tree = ast.parse(code, REPL_FILENAME, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = compile(ast.Expression(tree.body.pop().value), REPL_FILENAME, "eval")
+            body = compile(tree, REPL_FILENAME, "exec")
+        except (SyntaxError, ValueError) as exc:
+            reply.update(error="".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n"))
+            reply.update(error_kind="syntax", stdout="", duration=time.monotonic() - start)
+            return reply
+        source = code.splitlines()
+        for compiled in (body, last):
+            if compiled is not None:
+                self._remember_source(compiled, source)
+        saved = sys.stdout, sys.stderr
+        self.capture, self.capture_id = capture, msg.get("id")
+        sys.stdout, sys.stderr = _Stream(capture, False), _Stream(capture, True)
+        try:
+            try:
+                if timeout:
+                    self.armed = True
+                    # The 1 s repeat re-raises if user code swallowed the first _Timeout with a bare except.
+                    signal.setitimer(signal.ITIMER_REAL, float(timeout), 1.0)
+                exec(body, self.namespace)
+                if last is not None:
+                    value = eval(last, self.namespace)
+                    if value is not None:
+                        reply["value"] = _truncate(repr(value), limit)
+            finally:
+                self.armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Submit as sub:
+            reply["final"] = sub.payload
+        except _Timeout:
+            reply["error_kind"] = "timeout"
+            reply["error"] = (
+                f"TimeoutError: the code ran longer than the {timeout:g} s limit and was interrupted "
+                "(variables assigned before that are kept). Split the work into smaller steps, "
+                "process less data per step, or use llm_query_batched instead of many sequential "
+                "llm_query calls."
+            )
+        except MemoryError as exc:
+            del exc  # free the traceback (and the frames holding big objects) first
+            reply["error_kind"] = "memory"
+            reply["error"] = (
+                f"MemoryError: the sandbox memory cap of {self.memory_mb} MB was exceeded. "
+                "Process the data in chunks, avoid copying large strings, and delete big intermediates."
+            )
+        except BaseException as exc:  # user errors, SystemExit, KeyboardInterrupt: all reported, never fatal
+            reply["error_kind"] = "exception"
+            reply["error"] = _truncate(self._format_error(exc), limit)
+        finally:
+            sys.stdout, sys.stderr = saved
+            self.capture = None
+        reply["stdout"] = capture.text()
+        reply["duration"] = time.monotonic() - start
+        return reply
+
+    # ---- other requests --------------------------------------------------------------------------
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op, req_id = msg.get("op"), msg.get("id")
+        if op == "execute":
+            return self.execute(msg)
+        try:
+            if op == "configure":
+                self.output_fields = msg.get("output_fields") or None
+            elif op == "define_functions":
+                for name in msg.get("names", []):
+                    if not (isinstance(name, str) and name.isidentifier()):
+                        raise ValueError(f"invalid function name {name!r}")
+                    self.define(name)
+            elif op == "set_var":
+                self.namespace[_identifier(msg.get("name"))] = msg.get("value")
+            elif op == "load_text":
+                name = _identifier(msg.get("name"))
+                with open(msg["path"], encoding="utf-8") as fh:
+                    self.namespace[name] = fh.read()
+            else:
+                raise ValueError(f"unknown op {op!r}")
+        except MemoryError:
+            return {"op": "error", "id": req_id, "error": f"MemoryError: over the {self.memory_mb} MB cap"}
+        except Exception as exc:
+            return {"op": "error", "id": req_id, "error": f"{type(exc).__name__}: {exc}"}
+        return {"op": "ok", "id": req_id}
+
+    def run(self) -> None:
+        # Keep the real stdout for protocol messages only and send stray writes (C code, os.write(1))
+        # to stderr, which the host merely logs.
+        proto_fd = os.dup(1)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        writer = threading.Thread(target=self.writer, args=(proto_fd,), name="fleet-writer", daemon=True)
+        writer.start()
+        threading.Thread(target=self.reader, name="fleet-reader", daemon=True).start()
+        threading.Thread(target=self.streamer, name="fleet-stream", daemon=True).start()
+        self.send({"op": "ready", "pid": os.getpid()})
+        while True:
+            msg = self.requests.get()
+            if msg is None or msg.get("op") == "shutdown":
+                break
+            try:
+                reply = self.handle(msg)
+            except BaseException as exc:  # the loop must survive anything a request can raise
+                reply = {"op": "error", "id": msg.get("id"), "error": f"{type(exc).__name__}: {exc}"}
+            self.send(reply)
+        self.outgoing.put(None)
+        writer.join(timeout=5)
+        # Skip interpreter teardown: it would wait for any non-daemon threads user code left running.
+        os._exit(0)
+
+
+def _truncate(text: str, limit: int) -> str:
+    """Keep head and tail of an over-long text (e.g. the repr of a 100 MB string)."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[len(text) - (limit - limit // 2) :]
+    return f"{head}\n... [{len(text) - limit} characters omitted] ...\n{tail}"
+
+
+def _identifier(name: Any) -> str:
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"invalid variable name {name!r}")
+    return name
+
+
+def _jsonable(value: Any) -> Any:
+    """Make a SUBMIT payload JSON-safe; anything JSON cannot hold becomes its str()."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def _set_limits(memory_mb: int, max_procs: int) -> None:
+    import resource
+
+    def cap(kind: int, value: int) -> None:
+        _, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError) as exc:
+            print(f"worker: could not set rlimit {kind}: {exc}", file=sys.stderr)
+
+    # RLIMIT_AS turns runaway allocations into MemoryError instead of an OOM kill.
+    cap(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
+    # Caps fork bombs. Note: the kernel does not enforce RLIMIT_NPROC for root (or CAP_SYS_RESOURCE),
+    # and for other users it counts all processes of that user, so keep it generous.
+    cap(resource.RLIMIT_NPROC, max_procs)
+    cap(resource.RLIMIT_FSIZE, 16 * 1024**3)  # generous: only stops a runaway file write
+    cap(resource.RLIMIT_CORE, 0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="fleet-rlm sandbox worker")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--memory-mb", type=int, default=2048)
+    parser.add_argument("--max-procs", type=int, default=64)
+    args = parser.parse_args(argv)
+    os.chdir(args.workdir)
+    _set_limits(args.memory_mb, args.max_procs)
+    Worker(args.workdir, args.memory_mb).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The dspy CodeInterpreter adapter, alone and driven by stock dspy.RLM."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import dspy
+import pytest
+from dspy.primitives.code_interpreter import (
+    CodeExecutionError,
+    CodeInterpreter,
+    CodeInterpreterError,
+    FinalOutput,
+)
+from dspy.utils import DummyLM
+
+from fleet_rlm.sandbox.interpreter import SandboxInterpreter
+
+
+@pytest.fixture
+def interp():
+    interpreter = SandboxInterpreter()
+    yield interpreter
+    interpreter.shutdown()
+
+
+def test_protocol_results_and_errors(interp):
+    assert isinstance(interp, CodeInterpreter)
+    assert interp.execute("x = 2") is None
+    assert interp.execute("print('hello')\nx * 21") == "hello\n42"
+    assert interp.execute("y = n + 1\ny", variables={"n": 9}) == "10"
+    with pytest.raises(SyntaxError, match="line 1"):
+        interp.execute("def (")
+    with pytest.raises(CodeExecutionError, match="ZeroDivisionError") as info:
+        interp.execute("print('partial')\n1/0")
+    assert "partial" in str(info.value)
+    assert interp.execute("SUBMIT('done')") == FinalOutput({"answer": "done"})
+    interp.output_fields = [{"name": "a"}, {"name": "b", "type": "int"}]
+    assert interp.execute("SUBMIT(1, b=2)") == FinalOutput({"a": 1, "b": 2})
+
+
+def test_sync_tools_are_called_concurrently_and_can_change(interp):
+    lock = threading.Lock()
+    running, peak = 0, 0
+    gate = threading.Barrier(4, timeout=10)
+
+    def shout(text: str) -> str:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        gate.wait()  # only returns once 4 calls run at the same time
+        with lock:
+            running -= 1
+        return text.upper()
+
+    interp.tools.update({"shout": shout})
+    interp._tools_registered = False
+    code = "from concurrent.futures import ThreadPoolExecutor\nwith ThreadPoolExecutor(4) as p:\n"
+    code += "    out = list(p.map(shout, ['a', 'b', 'c', 'd']))\nout"
+    assert interp.execute(code) == "['A', 'B', 'C', 'D']"
+    assert peak == 4
+    interp.tools["shout"] = lambda text: text + "!"
+    assert interp.execute("shout('hi')") == "'hi!'"
+    interp.tools.pop("shout")
+    with pytest.raises(CodeExecutionError, match="no longer available"):
+        interp.execute("shout('gone')")
+
+
+def test_big_variables_travel_as_files(interp):
+    big = "x" * (5 * 1024 * 1024)
+    interp.start()
+    sandbox = interp._sandbox
+    before = sandbox.bytes_sent
+    for _ in range(3):  # RLM re-binds its inputs on every iteration
+        assert interp.execute("len(context)", variables={"context": big}) == str(len(big))
+    assert sandbox.bytes_sent - before < 10_000
+    assert len(list((interp.work_dir / ".inputs").iterdir())) == 1
+
+
+def test_shutdown_cleans_up_and_dead_worker_is_terminal():
+    interp = SandboxInterpreter()
+    work_dir = interp.work_dir
+    interp.execute("open('f.txt', 'w').write('x')")
+    assert (work_dir / "f.txt").exists()
+    with pytest.raises(CodeInterpreterError) as info:
+        interp.execute("import os\nos._exit(1)")
+    assert not isinstance(info.value, CodeExecutionError)
+    assert "start a new session" in str(info.value)
+    interp.shutdown()
+    interp.shutdown()
+    assert not work_dir.exists()
+
+
+def test_stock_rlm_runs_on_the_sandbox():
+    steps = [
+        {
+            "reasoning": "Look at the data first.",
+            "code": "print('chars:', len(context))\nprint(context[:5])",
+        },
+        {
+            "reasoning": "Ask a sub-LM and a sandbox sub-agent.",
+            "code": (
+                "summary = llm_query('Summarize: ' + context[:50])\n"
+                "import dspy\n"
+                "pred = dspy.Predict('question -> answer')(question=query)\n"
+                "print(summary)\nprint(pred.answer)"
+            ),
+        },
+        {
+            "reasoning": "Submit.",
+            "code": "SUBMIT(answer=pred.answer + ' / ' + summary.split()[-1])",
+        },
+    ]
+    # One scripted LM, in call order: two steps, llm_query, the sandbox's Predict, the last step.
+    # It is set with dspy.context only, so the host tools must run in the caller's context to see it.
+    answers = [*steps[:2], {"answer": "forty-two"}, {"answer": "from-predict"}, steps[2]]
+    rlm = dspy.RLM("context, query -> answer", max_iters=5, interpreter_factory=lambda: SandboxInterpreter())
+    with dspy.context(lm=DummyLM(answers)):
+        result = rlm(context="hello world " * 1000, query="what is it?")
+    assert result.answer == "from-predict / forty-two"
+    outputs = [entry["output"] for entry in result.trajectory]
+    assert outputs[0].startswith("chars: 12000\nhello")
+    assert "forty-two" in outputs[1] and "from-predict" in outputs[1]
