@@ -191,3 +191,17 @@ async def test_secrets_never_reach_the_store(fleet_env: dict, oracle: OracleLM) 
     blob = b"".join(p.read_bytes() for p in store_path.parent.glob("fleet.db*"))
     assert fleet_env["FLEET_LM_API_KEY"].encode() not in blob
     assert all(r.auth == f"Bearer {fleet_env['FLEET_LM_API_KEY']}" for r in oracle.requests())
+
+
+async def test_volume_is_mounted_and_durable(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("take notes", [
+        "import pathlib\np = pathlib.Path(volumes['notes']) / 'memory' / 'finding.md'\n"
+        "p.write_text('the answer is 42')\nprint(sorted(volumes))",
+        "SUBMIT(open(p).read())",
+    ]))
+    async with Engine() as engine:
+        engine.volumes.ensure("other")
+        result = await engine.run(RunRequest("take notes", context_text=["x"], volume="notes"))
+        stored = engine.volumes.read_text("notes", "memory/finding.md")
+    assert result.answer == "the answer is 42" and stored == "the answer is 42"
+    assert "['notes']" in json.dumps(oracle.requests("root")[1].messages[-1])  # only the asked-for volume

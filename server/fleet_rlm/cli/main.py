@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)")
     run.add_argument("--text", "-t", action="append", default=[], help="pasted text as context (repeatable)")
     run.add_argument("--session", help="continue in a session's REPL")
+    run.add_argument("--volume", help="mount only this volume (created if new); default: all volumes")
     _limits(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     run.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")

@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
         question=args.question, context_paths=paths, context_text=stdin_texts + args.text,
-        session_id=args.session, **limit_overrides(args),
+        session_id=args.session, volume=args.volume, **limit_overrides(args),
     )
 
     async def go() -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.context import ContextError
 from fleet_rlm.core.events import EventBus
-from fleet_rlm.core.run import RunContext, RunRequest, RunResult, load_inputs
+from fleet_rlm.core.run import RunContext, RunRequest, RunResult, load_inputs, make_sandbox
 from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
 
@@ -214,7 +214,7 @@ class Engine:
         sandbox = None
         holds_lock = False
         try:
-            ctx = self._run_context(run_id, emit, limits, work)
+            ctx = self._run_context(run_id, emit, limits, work, self.mounted_volumes(req.volume))
             if req.session_id:
                 session = await self._session(req.session_id)
                 await session.lock.acquire()
@@ -263,13 +263,14 @@ class Engine:
                 shutil.rmtree(work, ignore_errors=True)
             self._finish(run_id, ctx, status, answer, stop_reason, error, started)
 
-    def _run_context(self, run_id: str, emit: Any, limits: Any, work: Path) -> RunContext:
+    def _run_context(
+        self, run_id: str, emit: Any, limits: Any, work: Path, volumes: dict[str, Path]
+    ) -> RunContext:
         from fleet_rlm.core.lm import build_lm
         from fleet_rlm.core.program import RLMProgram
 
         if self._program is None:
             self._program = RLMProgram()
-        volumes = {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
             root_lm=build_lm(self.settings), sub_lm=build_lm(self.settings, sub=True),
@@ -306,18 +307,16 @@ class Engine:
             session = Session(session_id, work)
             self._sessions[session_id] = session
         if session.sandbox is None or not session.sandbox.alive:
-            session.sandbox = self._new_session_sandbox(session.work_dir)
+            session.sandbox = make_sandbox(self.settings, session.work_dir, self.mounted_volumes())
             session.has_context = False
         self._require_store().touch_session(session_id)
         return session
 
-    def _new_session_sandbox(self, work: Path) -> Any:
-        from fleet_rlm.sandbox.local import LocalSandbox
-
-        s = self.settings
-        volumes = {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
-        return LocalSandbox(work, volumes=volumes, isolation=s.isolation, memory_mb=s.memory_mb,
-                            exec_timeout=s.exec_timeout)
+    def mounted_volumes(self, only: str | None = None) -> dict[str, Path]:
+        """The volumes a sandbox sees: the one asked for (created if new), else all of them."""
+        if only:
+            return {only: self.volumes.ensure(only)}
+        return {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
 
     async def _drop_sandbox(self, session: Session) -> None:
         if session.sandbox is not None:

@@ -35,6 +35,8 @@ class RLMAction(dspy.Signature):
     - `rlm_query(prompt, context=None) -> str`: hand a hard sub-problem to a child RLM with its own
       REPL (its `query` is `prompt`, its `context` is `context`); `rlm_query_batched(prompts,
       contexts=None) -> list[str]` runs several children concurrently.
+    - `volumes` (dict): name -> folder of each mounted volume, with durable `memory/`, `artifacts/`,
+      `buffers/` and `meta/` subfolders; files written there outlive the run.
     - `SUBMIT(answer)`: end with the final answer. Only call it after you have seen the evidence.
 
     Work in small steps: look at the data's shape first (lengths, a few lines), locate with string

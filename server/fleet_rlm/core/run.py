@@ -118,14 +118,7 @@ class RunContext:
         return self._batches
 
     def new_sandbox(self, work_dir: Path) -> LocalSandbox:
-        s = self.settings
-        return LocalSandbox(
-            work_dir,
-            volumes=self.volumes,
-            isolation=s.isolation,
-            memory_mb=s.memory_mb,
-            exec_timeout=s.exec_timeout,
-        )
+        return make_sandbox(self.settings, work_dir, self.volumes)
 
     async def run_node(self, runtime: NodeRuntime) -> NodeResult:
         await runtime.sandbox.register_functions(runtime.host_functions())
@@ -186,6 +179,17 @@ class RunContext:
         return result.answer
 
 
+def make_sandbox(settings: Settings, work_dir: Path, volumes: dict[str, Path]) -> LocalSandbox:
+    """A sandbox with the settings' limits and the given volumes mounted."""
+    return LocalSandbox(
+        work_dir,
+        volumes=volumes,
+        isolation=settings.isolation,
+        memory_mb=settings.memory_mb,
+        exec_timeout=settings.exec_timeout,
+    )
+
+
 async def load_inputs(
     sandbox: LocalSandbox,
     work: Path,
@@ -202,6 +206,7 @@ async def load_inputs(
     query_file = inputs / "query.txt"
     query_file.write_text(query, encoding="utf-8")
     await sandbox.load_text("query", query_file)
+    await sandbox.set_var("volumes", dict(sandbox.volume_paths))  # name -> path inside the sandbox
     if keep_context and not paths and not texts:
         return None
     staged = stage_context(inputs / "context.txt", paths=paths, texts=texts, volumes=volumes)
