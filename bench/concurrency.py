@@ -12,20 +12,19 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["FLEET_NO_KEYRING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dspy  # noqa: E402
-from dspy.primitives.local_interpreter import LocalInterpreter  # noqa: E402
+import dspy
+from dspy.primitives.local_interpreter import LocalInterpreter
+from tests.support.oracle_lm import OracleLM, Scenario
 
-from fleet_rlm.config import load_settings  # noqa: E402
-from fleet_rlm.core.engine import Engine  # noqa: E402
-from fleet_rlm.core.run import RunRequest  # noqa: E402
-from tests.support.oracle_lm import OracleLM, Scenario  # noqa: E402
+from fleet_rlm.config import load_settings
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.run import RunRequest
 
 BATCH = [
     "import time\nt = time.perf_counter()\n"

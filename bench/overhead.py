@@ -25,13 +25,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["FLEET_NO_KEYRING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import dspy  # noqa: E402
-from dspy.primitives.local_interpreter import LocalInterpreter  # noqa: E402
+import dspy
+from dspy.primitives.local_interpreter import LocalInterpreter
+from tests.support.oracle_lm import OracleLM, Scenario
 
-from fleet_rlm.config import load_settings  # noqa: E402
-from fleet_rlm.core.engine import Engine  # noqa: E402
-from fleet_rlm.core.run import RunRequest  # noqa: E402
-from tests.support.oracle_lm import OracleLM, Scenario  # noqa: E402
+from fleet_rlm.config import load_settings
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.run import RunRequest
 
 TRIGGER = "overhead probe"
 LM_SECONDS = [0.0]  # time spent inside dspy.LM calls, both runtimes
@@ -126,9 +126,10 @@ def main() -> None:
             context = make_context(size)
             path = Path(tmp) / f"context-{label}.txt"
             path.write_text(context)
-            fleet = per_step(lambda n: time_fleet(oracle.base_url, path, n, Path(tmp) / "home"),
+            fleet = per_step(lambda n, path=path: time_fleet(oracle.base_url, path, n, Path(tmp) / "home"),
                              args.short, args.long, args.repeats)
-            stock = per_step(lambda n: time_stock(oracle.base_url, context, n), args.short, args.long, args.repeats)
+            stock = per_step(lambda n, context=context: time_stock(oracle.base_url, context, n),
+                             args.short, args.long, args.repeats)
             rows[label] = {"fleet_ms_per_step": round(fleet, 2), "stock_ms_per_step": round(stock, 2),
                            "stock_over_fleet": round(stock / fleet, 1)}
             print(f"{label:>5}: fleet {fleet:8.2f} ms/step   stock dspy.RLM {stock:8.2f} ms/step   "

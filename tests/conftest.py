@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["FLEET_NO_KEYRING"] = "1"  # tests never touch the developer's keyring
 
-from tests.support.oracle_lm import OracleLM  # noqa: E402
+from tests.support.oracle_lm import OracleLM
 
 
 @pytest.fixture

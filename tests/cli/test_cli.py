@@ -27,7 +27,10 @@ def cli(*args: str, env: dict, stdin: str | None = None, timeout: float = 120) -
 
 
 def test_help_does_not_load_the_runtime() -> None:
-    probe = "import sys, fleet_rlm.cli.main as m; m.build_parser(); print('dspy' in sys.modules, 'litellm' in sys.modules)"
+    probe = (
+        "import sys, fleet_rlm.cli.main as m; m.build_parser(); "
+        "print('dspy' in sys.modules, 'litellm' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
     assert "run" in subprocess.run([str(BIN / "fleet-rlm"), "--help"], capture_output=True, text=True).stdout

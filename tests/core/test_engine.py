@@ -4,6 +4,7 @@ sessions, errors and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 
@@ -49,7 +50,7 @@ async def test_prompt_is_append_only(fleet_env: dict, oracle: OracleLM) -> None:
     assert result.answer == "3"
     roots = [r.messages for r in oracle.requests("root")]
     assert len(roots) == 3
-    for earlier, later in zip(roots, roots[1:], strict=False):
+    for earlier, later in itertools.pairwise(roots):
         assert later[: len(earlier)] == earlier  # each request extends the last: prefix caches hit
 
 
@@ -90,7 +91,8 @@ async def test_step_limit_extracts_best_answer(fleet_env: dict, oracle: OracleLM
 
 async def test_call_budget_fails_slots_not_the_batch(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("tight budget", [
-        "r = llm_query_batched(['a', 'b', 'c', 'd', 'e'])\nprint('errors=%d' % sum(x.startswith('[ERROR]') for x in r))",
+        "r = llm_query_batched(['a', 'b', 'c', 'd', 'e'])\n"
+        "print('errors=%d' % sum(x.startswith('[ERROR]') for x in r))",
         "SUBMIT('ok')",
     ]))
     async with Engine() as engine:
@@ -103,7 +105,8 @@ async def test_call_budget_fails_slots_not_the_batch(fleet_env: dict, oracle: Or
 
 async def test_children_run_in_own_repl_and_share_budget(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("delegate", [
-        "secret_in_parent = 1\nr = rlm_query_batched(['child task one', 'child task two'], ['alpha', 'gamma'])\nprint(r)",
+        "secret_in_parent = 1\n"
+        "r = rlm_query_batched(['child task one', 'child task two'], ['alpha', 'gamma'])\nprint(r)",
         "SUBMIT(' & '.join(r))",
     ]))
     oracle.add(Scenario("child task", [
@@ -183,7 +186,9 @@ async def test_cancel_stops_sandbox_work(fleet_env: dict, oracle: OracleLM) -> N
 
 
 async def test_secrets_never_reach_the_store(fleet_env: dict, oracle: OracleLM) -> None:
-    oracle.add(Scenario("leak", ["import os\nprint(sorted(os.environ))\nSUBMIT(os.environ.get('FLEET_LM_API_KEY', 'none'))"]))
+    oracle.add(Scenario("leak", [
+        "import os\nprint(sorted(os.environ))\nSUBMIT(os.environ.get('FLEET_LM_API_KEY', 'none'))"
+    ]))
     async with Engine() as engine:
         result = await engine.run(RunRequest("leak", context_text=["x"]))
         store_path = engine.settings.store_path

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import getpass
 import os
-from typing import Any
 
 from fleet_rlm import config as cfg
 from fleet_rlm.cli.common import print_json

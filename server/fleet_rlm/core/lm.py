@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
-import dspy  # noqa: E402
-from dspy.utils.exceptions import (  # noqa: E402
+import dspy
+from dspy.utils.exceptions import (
     ContextWindowExceededError,
     LMAuthError,
     LMConfigurationError,
@@ -27,7 +27,7 @@ from dspy.utils.exceptions import (  # noqa: E402
     LMTransportError,
 )
 
-from fleet_rlm.config import ConfigError, Settings  # noqa: E402
+from fleet_rlm.config import ConfigError, Settings
 
 T = TypeVar("T")
 
