@@ -13,7 +13,7 @@ import dspy
 
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
-from fleet_rlm.core.lm import explain_lm_error, metered
+from fleet_rlm.core.lm import CallUsage, explain_lm_error, metered
 from fleet_rlm.core.program import cap_middle, extract_code
 from fleet_rlm.sandbox.local import LocalSandbox
 
@@ -121,14 +121,7 @@ class NodeRuntime:
             text = str(answer[0]) if answer else ""
             run.record_usage(usage)
             data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
-            if usage:
-                data.update(
-                    model=usage.model,
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    cost=usage.cost,
-                    latency=round(usage.latency, 4),
-                )
+            data.update(usage_fields(usage))
         except BudgetExhausted as exc:
             text = f"[ERROR] {exc.reason}"
             data["error"] = exc.reason
@@ -192,14 +185,7 @@ class NodeRuntime:
             "predictor": "extract" if "transcript" in inputs else "act",
             "reasoning": str(getattr(prediction, "reasoning", "") or ""),
         }
-        if usage:
-            data.update(
-                model=usage.model,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cost=usage.cost,
-                latency=round(usage.latency, 4),
-            )
+        data.update(usage_fields(usage))
         self.emit("lm.call", data)
         return prediction
 
@@ -234,6 +220,19 @@ class NodeRuntime:
             },
         )
         return Outcome(shown, final)
+
+
+def usage_fields(usage: CallUsage | None) -> dict[str, Any]:
+    """The per-call usage an event carries."""
+    if usage is None:
+        return {}
+    return {
+        "model": usage.model,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost": usage.cost,
+        "latency": round(usage.latency, 4),
+    }
 
 
 def _require_text(value: Any) -> str:
