@@ -167,3 +167,12 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
 @pytest.fixture(autouse=True)
 def _no_stray_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+
+def test_serve_mcp_refuses_open_bind_without_token(fleet_env: dict) -> None:
+    env = {k: v for k, v in fleet_env.items()}
+    proc = subprocess.run([str(BIN / "fleet-rlm"), "serve-mcp", "--transport", "http", "--host", "0.0.0.0",
+                           "--allow-remote"], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "FLEET_MCP_TOKEN"} | env)
+    assert proc.returncode == 2
+    assert "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""

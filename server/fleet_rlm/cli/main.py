@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     u = csub.add_parser("unset")
     u.add_argument("key")
 
+    mcp = sub.add_parser("serve-mcp", help="serve the runtime as an MCP server (same as fleet-mcp)")
+    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="HTTP: interface (default loopback)")
+    mcp.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
+    mcp.add_argument("--allow-remote", action="store_true",
+                     help="HTTP: allow a non-loopback host; requires FLEET_MCP_TOKEN")
+
     chat = sub.add_parser("chat", help="interactive session in the terminal")
     chat.add_argument("--context", "-c", action="append", default=[], metavar="PATH")
     chat.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")
@@ -91,11 +98,21 @@ def _handler(name: str) -> Handler:
         from fleet_rlm.cli import runs as mod
     elif name == "volumes":
         from fleet_rlm.cli import volumes as mod  # type: ignore[no-redef]
+    elif name == "serve-mcp":
+        return _serve_mcp
     elif name in {"doctor", "config"}:
         from fleet_rlm.cli import setup as mod  # type: ignore[no-redef]
     else:
         from fleet_rlm.cli import chat as mod  # type: ignore[no-redef]
-    return getattr(mod, f"cmd_{name}")
+    return getattr(mod, f"cmd_{name}")  # type: ignore[no-any-return]
+
+
+def _serve_mcp(args: argparse.Namespace) -> int:
+    """Entry-point wiring only: the MCP face runs on its own, this just launches it."""
+    from fleet_rlm.mcp.server import main as mcp_main
+
+    argv = ["--transport", args.transport, "--host", args.host, "--port", str(args.port)]
+    return mcp_main(argv + (["--allow-remote"] if args.allow_remote else []))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
