@@ -37,7 +37,8 @@ class Settings(BaseSettings):
     """Every knob of the runtime; names map to env vars ``FLEET_<NAME>``."""
 
     model_config = SettingsConfigDict(
-        env_prefix="FLEET_", env_file=".env", extra="ignore", populate_by_name=True
+        # An empty variable (templated client configs pass "") must not hide a keyring secret.
+        env_prefix="FLEET_", env_file=".env", extra="ignore", populate_by_name=True, env_ignore_empty=True
     )
 
     home: Path = Field(default_factory=default_home, description="Data folder: store, volumes, work dirs.")

@@ -44,8 +44,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         async with Engine(settings) as engine:
-            if req.session_id and engine.store and engine.store.get_session(req.session_id) is None:
-                engine.store.create_session(req.session_id)
             return await follow_run(engine, req, "off" if args.trace_mode == "off" else args.trace_mode)
 
     result = asyncio.run(go())

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -26,7 +27,7 @@ from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
 
 log = logging.getLogger(__name__)
-TERMINAL = {"succeeded", "failed", "cancelled", "interrupted"}
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def new_id(prefix: str) -> str:
@@ -104,14 +105,18 @@ class Engine:
             if ref is None and not Path(spec).expanduser().exists():
                 raise ContextError(f"context path '{spec}' does not exist")
         if req.session_id and req.session_id not in self._sessions:
+            if not SESSION_ID.fullmatch(req.session_id):
+                raise ValueError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
             row = self._require_store().get_session(req.session_id)
-            if row is None or row.closed_at is not None:
-                raise ValueError(f"no open session '{req.session_id}': start one with open_session()")
+            if row is not None and row.closed_at is not None:
+                raise ValueError(f"session '{req.session_id}' is closed: use a new session id")
 
     async def start_run(self, req: RunRequest) -> str:
         """Validate, record the run as queued and start it; returns the run id at once."""
         store = self._require_store()
         self.validate(req)
+        if req.session_id and store.get_session(req.session_id) is None:
+            store.create_session(req.session_id)  # naming a new session starts it
         run_id = new_id("r")
         store.create_run(
             RunRecord(

@@ -1,0 +1,75 @@
+"""Fold a run's events into counters and one human line ("step 3 · 40/64 sub-queries")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_rlm.mcp.models import Progress
+
+
+class ProgressTracker:
+    """Feed events in seq order; ``feed`` returns the new progress line, or None if nothing to say."""
+
+    def __init__(self) -> None:
+        self.state = Progress()
+        self._batches: dict[tuple[str, Any], int] = {}  # (node, batch id) -> sub-queries finished
+
+    def feed(self, event: dict[str, Any]) -> str | None:
+        s = self.state
+        s.events += 1
+        kind, data, node = event["kind"], event.get("data") or {}, event.get("node") or "root"
+        where = "" if node == "root" else f"{node} "
+        line: str | None = None
+        if kind == "run.started":
+            line = f"run {event.get('run_id')} started"
+        elif kind == "lm.call":
+            s.step, s.node = int(data.get("step") or s.step), node
+            if node == "root":
+                s.root_steps = max(s.root_steps, s.step)
+            s.llm_calls += 1
+            s.tokens += _tokens(data)
+            s.subqueries_done = s.subqueries_total = 0
+            line = f"{where}step {s.step} · running code"
+        elif kind == "subcall.finished":
+            s.llm_calls += 1
+            s.tokens += _tokens(data)
+            done, total = _batch_progress(self._batches, node, data)
+            s.subqueries_done, s.subqueries_total = done, total
+            line = f"{where}step {s.step} · {done}/{total} sub-queries"
+        elif kind == "code.executed":
+            step = data.get("step", s.step)
+            if data.get("error"):
+                s.errors += 1
+                line = f"{where}step {step} · error: {str(data['error']).splitlines()[-1][:120]}"
+            elif data.get("submitted"):
+                line = f"{where}step {step} · answer submitted"
+            else:
+                line = f"{where}step {step} · code ran, {int(data.get('output_chars') or 0):,} chars of output"
+        elif kind == "child.started":
+            s.children += 1
+            line = f"child {node} started: {(data.get('query_preview') or '')[:80]}"
+        elif kind == "child.finished":
+            line = f"child {node} {data.get('status') or 'finished'}"
+        elif kind == "warning":
+            line = f"{where}warning: {str(data.get('message'))[:160]}"
+        elif kind == "run.finished":
+            line = f"run {data.get('status')}" + (f": {data['error']}" if data.get("error") else "")
+        if line:
+            s.message = line
+        return line
+
+
+def _tokens(data: dict[str, Any]) -> int:
+    return int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
+
+
+def _batch_progress(batches: dict[tuple[str, Any], int], node: str, data: dict[str, Any]) -> tuple[int, int]:
+    """(done, total) for the batch this sub-query belongs to; a lone llm_query is 1/1."""
+    if "done" in data and "total" in data:  # if core ever reports counters itself, trust them
+        return int(data["done"]), int(data["total"])
+    batch = data.get("batch")
+    if not isinstance(batch, dict):
+        return 1, 1
+    key = (node, batch.get("id"))
+    batches[key] = batches.get(key, 0) + 1
+    return batches[key], int(batch.get("size") or batches[key])

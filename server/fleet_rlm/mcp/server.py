@@ -1,0 +1,150 @@
+"""The fleet-rlm MCP server: ``build_server`` for embedding, ``serve``/``main`` to run it.
+
+Startup stays light (no dspy/litellm): the Engine opens on the first tool or resource call,
+so clients get their ``initialize``/``server/discover`` reply quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Literal
+
+from mcp.server import MCPServer
+
+from fleet_rlm import __version__
+from fleet_rlm.mcp import prompts, resources, tools_runs, tools_system, tools_trace, tools_volumes
+from fleet_rlm.mcp.notify import Notifier
+from fleet_rlm.mcp.provider import EngineProvider
+
+if TYPE_CHECKING:
+    from fleet_rlm.core.engine import Engine
+
+log = logging.getLogger(__name__)
+
+NAME = "fleet-rlm"
+INSTRUCTIONS = """\
+fleet-rlm answers questions over inputs too large for your context window: long documents,
+large logs, whole folders or many files. Instead of reading such input yourself, call `run`
+with the question and `context_paths` (absolute paths): a recursive language model explores the
+text with Python in a sandbox, fans sub-queries out over chunks and returns one answer, while
+the input never enters your context. Ask precise questions and ask for quotes with line numbers
+when you need to cite. `run` blocks and reports progress; if long tool calls time out, use
+`start_run` then poll `get_run`. `inspect_trace` shows how an answer was found. Volumes
+(`list_volumes`, `read_file`, `write_file`) keep notes and artifacts between runs. If a run fails
+with a configuration error, call `doctor`. For small inputs that fit in your context, just read
+them yourself."""
+
+
+def build_server(engine: Engine | None = None) -> MCPServer[EngineProvider]:
+    """Build the MCP server.
+
+    Without ``engine`` the server opens one Engine for the process on first use and closes it
+    when the server shuts down. With ``engine`` (e.g. the web app's, when mounting this server
+    at ``/mcp``) it uses that one and leaves its lifecycle to the owner.
+    """
+    provider = EngineProvider(engine)
+    notifier = Notifier()
+    provider.on_open(notifier.watch)
+
+    @asynccontextmanager
+    async def lifespan(_server: MCPServer[EngineProvider]) -> AsyncIterator[EngineProvider]:
+        async with provider:
+            if provider.shared:  # a host's engine is already running: watch it right away
+                await provider.get()
+            yield provider
+
+    server: MCPServer[EngineProvider] = MCPServer(
+        NAME,
+        title="fleet-rlm",
+        description="Recursive language models over inputs too large for a context window.",
+        instructions=INSTRUCTIONS,
+        version=__version__,
+        lifespan=lifespan,
+        subscriptions=notifier.bus,
+        log_level=_log_level(),
+    )
+    notifier.install_legacy(server)
+    tools_runs.register(server, provider)
+    tools_trace.register(server, provider)
+    tools_volumes.register(server, provider)
+    tools_system.register(server, provider)
+    resources.register(server, provider)
+    prompts.register(server)
+    return server
+
+
+def serve(
+    transport: Literal["stdio", "http"] = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    token: str | None = None,
+    allow_remote: bool = False,
+) -> None:
+    """Run the server until stopped (blocking).
+
+    * ``stdio``: MCP over stdin/stdout; only protocol goes to stdout, logs go to stderr.
+    * ``http``: streamable HTTP at ``http://host:port/mcp``. Loopback only, with Host/Origin
+      checks against DNS rebinding, unless ``allow_remote`` is set AND a token is configured.
+      ``token`` (else ``FLEET_MCP_TOKEN``) makes every request need ``Authorization: Bearer
+      <token>``. Raises ``BindError`` (a ValueError) before binding when refusing.
+    """
+    import anyio
+
+    server = build_server()
+    if transport == "stdio":
+        anyio.run(server.run_stdio_async)
+        return
+    if transport != "http":
+        raise ValueError(f"unknown transport '{transport}': use 'stdio' or 'http'")
+    import uvicorn
+
+    from fleet_rlm.mcp.http import build_http_app, resolve_token
+
+    secret = resolve_token(token)
+    app = build_http_app(server, host=host, port=port, token=secret, allow_remote=allow_remote)
+    log.info("fleet-rlm MCP on http://%s:%d/mcp (token %s)", host, port, "required" if secret else "not set")
+    uvicorn.run(app, host=host, port=port, log_level=_log_level().lower(), access_log=False)
+
+
+def _log_level() -> Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]:
+    level = os.environ.get("FLEET_MCP_LOG_LEVEL", "WARNING").upper()
+    return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING"  # type: ignore[return-value]
+
+
+def _configure_logging() -> None:
+    # stderr only: on stdio, stdout is the protocol channel.
+    logging.basicConfig(stream=sys.stderr, level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("LiteLLM", "litellm", "httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fleet-mcp``: the MCP server over stdio (default) or streamable HTTP."""
+    parser = argparse.ArgumentParser(prog="fleet-mcp", description="fleet-rlm MCP server")
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP: interface to listen on (default loopback)")
+    parser.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
+    parser.add_argument("--allow-remote", action="store_true", help="HTTP: allow a non-loopback host (needs a token)")
+    parser.add_argument("--version", action="version", version=f"fleet-mcp {__version__}")
+    args = parser.parse_args(argv)
+    _configure_logging()
+    from fleet_rlm.mcp.http import BindError
+
+    # The token is read from FLEET_MCP_TOKEN only: a command-line secret shows up in `ps`.
+    try:
+        serve(args.transport, host=args.host, port=args.port, allow_remote=args.allow_remote)
+    except BindError as exc:
+        print(f"fleet-mcp: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m fleet_rlm.mcp.server`
+    raise SystemExit(main())

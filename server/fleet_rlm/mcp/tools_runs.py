@@ -1,0 +1,319 @@
+"""Tools that start, follow, list and stop runs."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from fleet_rlm.mcp.models import CancelOutput, RunList, RunOutput, RunState, StartedRun, run_uri, trace_uri
+from fleet_rlm.mcp.progress import ProgressTracker
+from fleet_rlm.mcp.views import run_output, run_state, run_summary, unknown_run, user_errors
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from fleet_rlm.core.engine import Engine
+    from fleet_rlm.mcp.provider import EngineProvider
+
+SUBQUERY_REPORT_INTERVAL = 0.25  # seconds between progress lines inside one batch of sub-queries
+CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and record itself
+
+Question = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="The question or task, stated fully: the run sees nothing of this conversation.",
+    ),
+]
+ContextPaths = Annotated[
+    list[str],
+    Field(
+        description=(
+            "Files or folders to work over: absolute paths on this machine, or volume references "
+            "'vol:<volume>/<path>'. Any size: the text is loaded into a sandboxed Python REPL and "
+            "read with code, never pasted into a prompt."
+        ),
+    ),
+]
+ContextText = Annotated[
+    str | None,
+    Field(description="Text to work over when it is not in a file (e.g. a long paste)."),
+]
+SessionId = Annotated[
+    str | None,
+    Field(
+        description="Name a session (letters, digits, '_', '.', '-') to keep the REPL across runs: a new name "
+        "starts one, the same name later continues with the variables and context of earlier runs."
+    ),
+]
+VolumeName = Annotated[
+    str | None,
+    Field(
+        description=(
+            "Mount only this volume (created if new) in the REPL, where the run can keep notes in memory/ "
+            "and write results to artifacts/. Default: every volume is mounted."
+        ),
+    ),
+]
+MaxIters = Annotated[int | None, Field(ge=1, le=200, description="Steps per RLM node (default from settings, 20).")]
+MaxDepth = Annotated[
+    int | None, Field(ge=0, le=5, description="Child RLM nesting depth (default 2; 0: no child RLMs).")
+]
+MaxCalls = Annotated[
+    int | None,
+    Field(ge=1, le=100_000, description="Model calls per run, sub-queries included (default 500)."),
+]
+MaxSeconds = Annotated[float | None, Field(gt=0, le=86_400, description="Wall-clock limit in seconds (default 1800).")]
+RunId = Annotated[str, Field(min_length=1, description="A run id, as returned by run or start_run.")]
+
+RUN_DESCRIPTION = """\
+Answer a question over inputs too large for your context window: long documents, big logs,
+whole folders, many files. A recursive language model writes and runs Python over the input in
+a sandbox, fanning out sub-queries over chunks, and submits one answer; the input never enters
+your context. Prefer this over reading a large file yourself.
+
+Blocks until the run finishes (usually 10 s to a few minutes), reporting progress on every step
+("step 3 · 40/64 sub-queries"). Cancelling the call stops the run. If your client times out long
+calls, use start_run + get_run instead. The answer is only as good as the question: say exactly
+what to find and what form the answer should take (e.g. "quote the line and give its number").
+Inspect how the answer was found with inspect_trace(run_id)."""
+
+
+def register(server: MCPServer[Any], provider: EngineProvider) -> None:
+    async def engine() -> Engine:
+        with user_errors():
+            return await provider.get()
+
+    @server.tool(
+        title="Answer a question over large inputs",
+        description=RUN_DESCRIPTION,
+        annotations=ToolAnnotations(
+            title="Run an RLM",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=True,
+        ),
+    )
+    async def run(
+        question: Question,
+        ctx: Context,
+        context_paths: ContextPaths = [],  # noqa: B006 - pydantic copies defaults
+        context_text: ContextText = None,
+        session_id: SessionId = None,
+        volume: VolumeName = None,
+        max_iters: MaxIters = None,
+        max_depth: MaxDepth = None,
+        max_llm_calls: MaxCalls = None,
+        max_seconds: MaxSeconds = None,
+    ) -> RunOutput:
+        eng = await engine()
+        req = _request(
+            question,
+            context_paths=context_paths,
+            context_text=context_text,
+            session_id=session_id,
+            volume=volume,
+            max_iters=max_iters,
+            max_depth=max_depth,
+            max_llm_calls=max_llm_calls,
+            max_seconds=max_seconds,
+        )
+        with user_errors():
+            run_id = await eng.start_run(req)
+        finished = False
+        try:
+            await _follow(eng, run_id, ctx)
+            result = await eng.wait(run_id)
+            finished = True
+        finally:
+            if not finished:
+                # The client cancelled (or went away): stop the run so it is recorded cancelled.
+                # Shielded, or the pending cancellation would abort the cleanup itself.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
+                    await eng.cancel(run_id)
+        return run_output(result)
+
+    @server.tool(
+        title="Start a run in the background",
+        description=(
+            "Like run, but returns the run id at once and keeps working in the background; poll "
+            "get_run(run_id) for progress and the answer, or cancel_run(run_id) to stop it. Use this "
+            "when your client cannot wait minutes for one tool call. Same inputs as run."
+        ),
+        annotations=ToolAnnotations(
+            title="Start a run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=True,
+        ),
+    )
+    async def start_run(
+        question: Question,
+        context_paths: ContextPaths = [],  # noqa: B006 - pydantic copies defaults
+        context_text: ContextText = None,
+        session_id: SessionId = None,
+        volume: VolumeName = None,
+        max_iters: MaxIters = None,
+        max_depth: MaxDepth = None,
+        max_llm_calls: MaxCalls = None,
+        max_seconds: MaxSeconds = None,
+    ) -> StartedRun:
+        eng = await engine()
+        req = _request(
+            question,
+            context_paths=context_paths,
+            context_text=context_text,
+            session_id=session_id,
+            volume=volume,
+            max_iters=max_iters,
+            max_depth=max_depth,
+            max_llm_calls=max_llm_calls,
+            max_seconds=max_seconds,
+        )
+        with user_errors():
+            run_id = await eng.start_run(req)
+        rec = eng.get_run(run_id)
+        status = rec.status if rec else "queued"
+        return StartedRun(
+            run_id=run_id,
+            status=status,  # type: ignore[arg-type]
+            run_uri=run_uri(run_id),
+            trace_uri=trace_uri(run_id),
+        )
+
+    @server.tool(
+        title="Get a run's status",
+        description=(
+            "Status of a run: while it runs, live counters (step, sub-queries done, model calls, "
+            "tokens) and the latest progress line; once finished, the answer or the error."
+        ),
+        annotations=ToolAnnotations(
+            title="Get run",
+            read_only_hint=True,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    async def get_run(run_id: RunId) -> RunState:
+        state = run_state(await engine(), run_id)
+        if state is None:
+            raise unknown_run(run_id)
+        return state
+
+    @server.tool(
+        title="Cancel a run",
+        description=(
+            "Stop a queued or running run started by this server; it is recorded as cancelled. "
+            "Does nothing to a run that already finished."
+        ),
+        annotations=ToolAnnotations(
+            title="Cancel run",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    async def cancel_run(run_id: RunId) -> CancelOutput:
+        eng = await engine()
+        rec = eng.get_run(run_id)
+        if rec is None:
+            raise unknown_run(run_id)
+        if rec.status not in ("queued", "running"):
+            return CancelOutput(
+                run_id=run_id,
+                cancelled=False,
+                status=rec.status,  # type: ignore[arg-type]
+                message=f"the run already finished: {rec.status}",
+            )
+        with anyio.CancelScope(shield=True):  # once asked, finish recording the cancellation
+            cancelled = await eng.cancel(run_id)
+        rec = eng.get_run(run_id) or rec
+        owner = f"pid {rec.owner_pid} on {rec.owner_host}"
+        message = "cancelled" if cancelled else f"another process ({owner}) runs it; cancel it there"
+        return CancelOutput(
+            run_id=run_id,
+            cancelled=cancelled,
+            status=rec.status,  # type: ignore[arg-type]
+            message=message,
+        )
+
+    @server.tool(
+        title="List recent runs",
+        description="Recent runs, newest first, with their status and a preview of question and answer.",
+        annotations=ToolAnnotations(
+            title="List runs",
+            read_only_hint=True,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    async def list_runs(
+        limit: Annotated[int, Field(ge=1, le=200, description="How many runs to return.")] = 20,
+        status: Annotated[
+            Literal["queued", "running", "succeeded", "failed", "cancelled", "interrupted"] | None,
+            Field(description="Only runs with this status."),
+        ] = None,
+        offset: Annotated[int, Field(ge=0, description="Skip this many runs (paging).")] = 0,
+    ) -> RunList:
+        rows = (await engine()).list_runs(limit=limit + 1, offset=offset, status=status)
+        return RunList(runs=[run_summary(r) for r in rows[:limit]], offset=offset, has_more=len(rows) > limit)
+
+
+def _request(
+    question: str,
+    *,
+    context_paths: list[str],
+    context_text: str | None,
+    session_id: str | None,
+    volume: str | None,
+    max_iters: int | None,
+    max_depth: int | None,
+    max_llm_calls: int | None,
+    max_seconds: float | None,
+) -> Any:
+    from fleet_rlm.core.run import RunRequest  # imports dspy: keep it off the startup path
+
+    if not question.strip():
+        raise ToolError("the question is empty: say what you want to know")
+    return RunRequest(
+        question=question,
+        context_paths=list(context_paths),
+        context_text=[context_text] if context_text else [],
+        session_id=session_id,
+        volume=volume,
+        max_iters=max_iters,
+        max_depth=max_depth,
+        max_llm_calls=max_llm_calls,
+        max_seconds=max_seconds,
+    )
+
+
+async def _follow(engine: Engine, run_id: str, ctx: Context) -> None:
+    """Relay the run's events as progress until it finishes."""
+    tracker = ProgressTracker()
+    last_report = 0.0
+    async with contextlib.aclosing(engine.subscribe(run_id)) as events:  # type: ignore[type-var]
+        async for event in events:
+            line = tracker.feed(event)
+            if line is None:
+                continue
+            now = time.monotonic()
+            s = tracker.state
+            in_batch = event["kind"] == "subcall.finished" and s.subqueries_done < s.subqueries_total
+            if in_batch and now - last_report < SUBQUERY_REPORT_INTERVAL:
+                continue  # inside a batch: at most one line per interval, and always its last
+            last_report = now
+            # progress must strictly increase: the event count does, the step number may not.
+            await ctx.report_progress(s.events, None, line)

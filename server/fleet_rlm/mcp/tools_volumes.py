@@ -1,0 +1,146 @@
+"""Volume tools: named folders that outlive runs (memory/, artifacts/, buffers/, meta/)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from fleet_rlm.mcp.models import FileContent, FileEntry, FileList, VolumeInfo, VolumeList, WrittenFile
+from fleet_rlm.mcp.views import user_errors
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from fleet_rlm.mcp.provider import EngineProvider
+
+MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the caller
+MAX_READ = 1024 * 1024
+WRITABLE_ROOTS = ("memory", "artifacts")
+
+Volume = Annotated[str, Field(min_length=1, description="Volume name (see list_volumes).")]
+
+
+def volume_resource_uri(volume: str, path: str) -> str:
+    return f"fleet://volumes/{volume}/{path}"
+
+
+def register(server: MCPServer[Any], provider: EngineProvider) -> None:
+    read_only = ToolAnnotations(
+        read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+    )
+
+    @server.tool(
+        title="List volumes",
+        description=(
+            "Volumes are named folders that outlive runs: a run can read them (context_paths "
+            "'vol:<name>/<path>') and keep notes in memory/ and results in artifacts/."
+        ),
+        annotations=read_only,
+    )
+    async def list_volumes() -> VolumeList:
+        with user_errors():
+            engine = await provider.get()
+            return VolumeList(volumes=[VolumeInfo(**v) for v in engine.volumes.list_volumes()])
+
+    @server.tool(
+        title="List files in a volume",
+        description=f"Files and folders under a path of a volume (at most {MAX_ENTRIES} entries).",
+        annotations=read_only,
+    )
+    async def list_files(
+        volume: Volume,
+        path: Annotated[str, Field(description="Folder inside the volume; '' for its top.")] = "",
+        recursive: Annotated[bool, Field(description="Include everything below, not just direct entries.")] = False,
+    ) -> FileList:
+        with user_errors():
+            engine = await provider.get()
+            entries = engine.volumes.list_files(volume, path, recursive=recursive)
+        return FileList(
+            volume=volume,
+            path=path,
+            entries=[FileEntry(**e) for e in entries[:MAX_ENTRIES]],
+            truncated=len(entries) > MAX_ENTRIES,
+        )
+
+    @server.tool(
+        title="Read a file from a volume",
+        description=(
+            "Read a text file from a volume, a byte range at a time. The result says the file's "
+            "total size and, if it continues, the offset to read on from. For answering questions "
+            "over a big file, pass it to run instead of reading it all."
+        ),
+        annotations=read_only,
+    )
+    async def read_file(
+        volume: Volume,
+        path: Annotated[str, Field(min_length=1, description="File path inside the volume, e.g. 'memory/notes.md'.")],
+        offset: Annotated[int, Field(ge=0, description="Byte offset to start at.")] = 0,
+        length: Annotated[int, Field(ge=1, le=MAX_READ, description="Bytes to read at most.")] = 65536,
+    ) -> FileContent:
+        with user_errors():
+            engine = await provider.get()
+            target = engine.volumes.resolve(volume, path)
+            if not target.is_file():
+                raise ToolError(f"no file '{path}' in volume '{volume}'")
+            size = target.stat().st_size
+            data = engine.volumes.read(volume, path, offset, length)
+        if b"\x00" in data:
+            raise ToolError(f"'{path}' in volume '{volume}' looks binary; only text files can be read here")
+        text, used = decode_prefix(data, at_end=offset + len(data) >= size)
+        end = offset + used
+        return FileContent(
+            volume=volume,
+            path=path,
+            content=text,
+            offset=offset,
+            bytes_read=used,
+            size=size,
+            truncated=end < size,
+            next_offset=end if end < size else None,
+            uri=volume_resource_uri(volume, path),
+        )
+
+    @server.tool(
+        title="Write a file to a volume",
+        description=(
+            "Write (create or replace) a UTF-8 text file in a volume; the volume is created if "
+            "needed. Only paths under memory/ (notes to reuse) and artifacts/ (results) are allowed."
+        ),
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
+        ),
+    )
+    async def write_file(
+        volume: Volume,
+        path: Annotated[str, Field(min_length=1, description="'memory/<file>' or 'artifacts/<file>'.")],
+        content: Annotated[str, Field(description="The whole new text of the file.")],
+    ) -> WrittenFile:
+        with user_errors():
+            engine = await provider.get()
+            entry = engine.volumes.write(volume, path, content, roots=WRITABLE_ROOTS)
+        rel = entry["path"]
+        return WrittenFile(
+            volume=volume,
+            path=rel,
+            size=entry["size"],
+            uri=volume_resource_uri(volume, rel),
+            ref=f"vol:{volume}/{rel}",
+        )
+
+
+def decode_prefix(data: bytes, *, at_end: bool) -> tuple[str, int]:
+    """Decode UTF-8, leaving out a character cut in half at the end of the range.
+
+    Returns the text and how many bytes it used, so the next read starts on a character.
+    """
+    if not at_end:
+        for cut in range(0, min(4, len(data))):
+            try:
+                return data[: len(data) - cut].decode("utf-8"), len(data) - cut
+            except UnicodeDecodeError as exc:
+                if exc.start < len(data) - 4:  # a real encoding error, not a cut character
+                    break
+    return data.decode("utf-8", errors="replace"), len(data)

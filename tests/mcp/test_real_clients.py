@@ -1,0 +1,87 @@
+"""Third-party tools against the real `fleet-mcp`: MCP Inspector CLI and the MCPB validator.
+
+They need Node 22 and npm packages; CI installs them and points at them with
+FLEET_INSPECTOR (the `mcp-inspector` binary) and FLEET_MCPB (the `mcpb` binary). The folder of
+each binary goes first on PATH, so a portable node installed next to them (npm `node@22`) is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.mcp.conftest import ROOT, fleet_mcp_command, server_env
+from tests.support.oracle_lm import OracleLM
+from tests.support.workloads import write_haystack
+
+pytestmark = pytest.mark.slow
+
+
+def tool(env_var: str) -> Path:
+    value = os.environ.get(env_var)
+    if not value:
+        pytest.skip(f"{env_var} is not set (path of the CLI; see docs/mcp.md, 'Testing with real clients')")
+    path = Path(value)
+    if not path.exists():
+        pytest.skip(f"{env_var}={value} does not exist")
+    return path
+
+
+def run_tool(binary: Path, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**env, "PATH": f"{binary.parent}{os.pathsep}{env.get('PATH', '')}", "HOME": str(cwd)}
+    return subprocess.run([str(binary), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
+
+
+def inspector(fleet_env: dict[str, str], tmp_path: Path, era: str, *method: str) -> dict:
+    binary = tool("FLEET_INSPECTOR")
+    env = server_env(fleet_env)
+    # The server's environment goes through -e: the Inspector starts stdio servers with a clean one.
+    env_args = [
+        arg for key, value in env.items() if key.startswith(("FLEET_", "LITELLM_")) for arg in ("-e", f"{key}={value}")
+    ]
+    args = ["--cli", "--format", "json", "-q", "--protocol-era", era, *env_args, *fleet_mcp_command(), *method]
+    out = run_tool(binary, args, env, tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("era", ["legacy", "modern"])
+def test_inspector_lists_and_calls_run(fleet_env: dict[str, str], needle: OracleLM, tmp_path: Path, era: str) -> None:
+    listed = inspector(fleet_env, tmp_path, era, "--method", "tools/list")
+    names = [t["name"] for t in listed["result"]["tools"]]
+    assert names[:2] == ["run", "start_run"] and "inspect_trace" in names
+    run_schema = listed["result"]["tools"][0]
+    assert run_schema["outputSchema"]["title"] == "RunOutput" and run_schema["annotations"]["openWorldHint"] is True
+
+    hay = write_haystack(tmp_path / "hay.txt", 600_000, "LYNX9")
+    args = json.dumps({"question": "What is the secret code?", "context_paths": [str(hay)]})
+    called = inspector(
+        fleet_env, tmp_path, era, "--method", "tools/call", "--tool-name", "run", "--tool-args-json", args
+    )
+    result = called["result"]
+    # Only 2026-07-28 results carry the server's identity in _meta: proof of which era was spoken.
+    assert ("io.modelcontextprotocol/serverInfo" in result.get("_meta", {})) == (era == "modern")
+    assert result["isError"] is False
+    assert result["structuredContent"]["answer"] == "LYNX9" and result["structuredContent"]["status"] == "succeeded"
+    assert json.loads(result["content"][0]["text"])["run_id"] == result["structuredContent"]["run_id"]
+
+
+def test_inspector_reads_prompt_and_resource(fleet_env: dict[str, str], oracle: OracleLM, tmp_path: Path) -> None:
+    prompt = inspector(
+        fleet_env, tmp_path, "legacy", "--method", "prompts/get", "--prompt-name", "triage_logs",
+        "--prompt-args", "path=/var/log/syslog",
+    )  # fmt: skip
+    assert "/var/log/syslog" in prompt["result"]["messages"][0]["content"]["text"]
+    runs = inspector(fleet_env, tmp_path, "legacy", "--method", "resources/read", "--uri", "fleet://runs")
+    assert json.loads(runs["result"]["contents"][0]["text"]) == []
+
+
+def test_mcpb_validates_manifest(tmp_path: Path) -> None:
+    binary = tool("FLEET_MCPB")
+    out = run_tool(binary, ["validate", str(ROOT / "manifests" / "manifest.json")], dict(os.environ), tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "validation passes" in out.stdout

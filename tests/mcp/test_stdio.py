@@ -1,0 +1,70 @@
+"""`fleet-mcp` as a subprocess over stdio, as Claude Code and Claude Desktop launch it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp import Client, StdioServerParameters
+from tests.mcp.conftest import fleet_mcp_command, server_env
+from tests.support.oracle_lm import OracleLM
+from tests.support.workloads import write_haystack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+def params(fleet_env: dict[str, str], cwd: Path) -> StdioServerParameters:
+    command, *args = fleet_mcp_command()
+    return StdioServerParameters(command=command, args=args, env=server_env(fleet_env), cwd=str(cwd))
+
+
+async def test_stdio_run_progress_and_cancel(
+    fleet_env: dict[str, str], needle: OracleLM, slow: OracleLM, era: str, tmp_path: Path
+) -> None:
+    hay = write_haystack(tmp_path / "hay.txt", 2_000_000, "MOTH3")
+    messages: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+
+    # A clean handshake proves stdout carries nothing but protocol.
+    async with Client(params(fleet_env, tmp_path), mode=era) as client:
+        assert client.server_info is not None and client.server_info.name == "fleet-rlm"
+        result = await client.call_tool(
+            "run", {"question": "What is the secret code?", "context_paths": [str(hay)]}, progress_callback=on_progress
+        )
+        assert not result.is_error, result.content
+        assert result.structured_content["answer"] == "MOTH3"  # type: ignore[index]
+        assert messages[0].startswith("run r") and messages[-1] == "run succeeded"
+        assert any("sub-queries" in m for m in messages) and len(messages) >= 6
+
+        messages.clear()
+        with anyio.move_on_after(4) as scope:
+            await client.call_tool(
+                "run", {"question": "take your time", "context_text": "x"}, progress_callback=on_progress
+            )
+        assert scope.cancelled_caught and "step 1 · running code" in messages, messages
+        run_id = messages[0].split()[1]
+        with anyio.fail_after(20):  # the same session still answers, and the run ends up cancelled
+            while True:
+                state = (await client.call_tool("get_run", {"run_id": run_id})).structured_content
+                if state["status"] == "cancelled":  # type: ignore[index]
+                    break
+                await anyio.sleep(0.1)
+
+
+def test_http_refuses_remote_bind_without_token(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*fleet_mcp_command(), "--transport", "http", "--host", "0.0.0.0", "--port", "0"],
+        env=server_env(fleet_env), cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert "refusing to listen on 0.0.0.0" in out.stderr and "FLEET_MCP_TOKEN" in out.stderr
+
+
+def test_version_flag() -> None:
+    out = subprocess.run([*fleet_mcp_command(), "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("fleet-mcp ")

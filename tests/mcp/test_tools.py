@@ -1,0 +1,111 @@
+"""The tool surface: frozen by a snapshot, the same in both eras, and well described."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_rlm import __version__
+from fleet_rlm.mcp.server import INSTRUCTIONS
+from mcp import Client
+
+pytestmark = pytest.mark.anyio
+
+SNAPSHOT = Path(__file__).parent / "snapshots" / "tools.json"
+EXPECTED = [
+    "run", "start_run", "get_run", "cancel_run", "list_runs", "inspect_trace",
+    "list_volumes", "list_files", "read_file", "write_file", "doctor",
+]  # fmt: skip
+
+
+def surface(tools: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": t.name,
+            "title": t.title,
+            "description": t.description,
+            "input_schema": t.input_schema,
+            "output_schema": t.output_schema,
+            "annotations": t.annotations.model_dump(mode="json", exclude_none=True) if t.annotations else None,
+        }
+        for t in tools
+    ]
+
+
+async def test_tool_list_matches_snapshot(client: Client) -> None:
+    current = surface((await client.list_tools()).tools)
+    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOT.write_text(json.dumps(current, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert SNAPSHOT.exists(), "no snapshot yet: run with UPDATE_SNAPSHOTS=1 and review the file"
+    # Exact: names, schemas, descriptions and annotations are the contract with every client.
+    assert current == json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+
+
+async def test_every_tool_is_described_typed_and_annotated(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    assert [t.name for t in tools] == EXPECTED
+    for tool in tools:
+        assert tool.description and len(tool.description) > 40, tool.name
+        assert tool.output_schema and tool.output_schema["type"] == "object", tool.name
+        assert tool.annotations is not None, tool.name
+        hints = (tool.annotations.read_only_hint, tool.annotations.destructive_hint,
+                 tool.annotations.idempotent_hint, tool.annotations.open_world_hint)  # fmt: skip
+        assert None not in hints, tool.name
+        for name, prop in tool.input_schema.get("properties", {}).items():
+            assert prop.get("description"), f"{tool.name}.{name} has no description"
+    by_name = {t.name: t for t in tools}
+    assert by_name["read_file"].annotations.read_only_hint is True  # type: ignore[union-attr]
+    assert by_name["write_file"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    assert by_name["run"].annotations.open_world_hint is True  # type: ignore[union-attr]
+    assert "ctx" not in json.dumps(by_name["run"].input_schema)  # the Context parameter stays hidden
+    assert by_name["run"].input_schema["required"] == ["question"]
+
+
+async def test_server_identity(client: Client, era: str) -> None:
+    assert client.protocol_version == ("2025-11-25" if era == "legacy" else "2026-07-28")
+    info = client.server_info
+    assert info is not None and info.name == "fleet-rlm" and info.version == __version__
+    assert client.instructions == INSTRUCTIONS and "too large for your context" in INSTRUCTIONS
+    caps = client.server_capabilities
+    assert caps.tools is not None and caps.prompts is not None
+    assert caps.resources is not None and caps.resources.subscribe is True
+
+
+async def test_list_runs_pages(client: Client) -> None:
+    empty = (await client.call_tool("list_runs", {})).structured_content
+    assert empty == {"runs": [], "offset": 0, "has_more": False}
+    bad = await client.call_tool("list_runs", {"status": "exploded"})
+    assert bad.is_error
+
+
+async def test_doctor_offline(client: Client, fleet_env: dict[str, str]) -> None:
+    result = await client.call_tool("doctor", {})
+    report = result.structured_content
+    assert report is not None and not result.is_error
+    assert set(report["checks"]) >= {"model", "sandbox", "keyring", "store"}
+    model = report["checks"]["model"]
+    assert model["ok"] is True and "openai/oracle" in model["detail"] and "not contacted" in model["detail"]
+    assert report["ok"] == all(c["ok"] for c in report["checks"].values())
+
+
+async def test_doctor_online_contacts_the_model(client: Client, oracle: Any) -> None:
+    report = (await client.call_tool("doctor", {"offline": False})).structured_content
+    assert report is not None and report["checks"]["model"]["ok"] is True
+    assert "answered in" in report["checks"]["model"]["detail"]
+    assert len(oracle.requests()) == 1
+
+
+def test_startup_does_not_import_the_engine() -> None:
+    """Clients time the handshake: dspy/litellm (seconds to import) load on first use only."""
+    code = (
+        "import sys; from fleet_rlm.mcp.server import build_server; build_server(); "
+        "print(sorted(m for m in ('dspy', 'litellm', 'fleet_rlm.core.engine') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
