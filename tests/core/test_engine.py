@@ -210,3 +210,34 @@ async def test_volume_is_mounted_and_durable(fleet_env: dict, oracle: OracleLM) 
         stored = engine.volumes.read_text("notes", "memory/finding.md")
     assert result.answer == "the answer is 42" and stored == "the answer is 42"
     assert "['notes']" in json.dumps(oracle.requests("root")[1].messages[-1])  # only the asked-for volume
+
+
+async def test_rejected_key_fails_with_the_fix(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.state.fail_next = [401]
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("q", context_text=["x"]))
+    assert result.status == "failed"
+    assert "rejected the API key" in result.error and "FLEET_LM_API_KEY" in result.error
+    assert fleet_env["FLEET_LM_API_KEY"] not in result.error
+
+
+async def test_wall_time_budget_stops_and_extracts(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("slow steps", ["import time\ntime.sleep(1.5)\nprint('partial')"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("slow steps", context_text=["x"], max_seconds=1.0))
+    assert result.stop_reason == "wall time limit of 1 s reached"
+    assert result.answer == "extracted" and result.iterations == 1
+
+
+async def test_folder_context_reports_sources(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "a.md").write_text("first doc")
+    (docs / "sub" / "b.log").write_text("second doc")
+    (docs / "blob.bin").write_bytes(b"\x00\x01binary")
+    oracle.add(Scenario("which docs", ["SUBMIT(','.join(s['name'] for s in sources))"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("which docs", context_paths=[str(docs)]))
+        loaded = next(e for e in engine.events(result.run_id) if e["kind"] == "context.loaded")
+    assert result.answer == f"{docs}/a.md,{docs}/sub/b.log"
+    assert loaded["data"]["sources"] == 2 and any("blob.bin: binary" in s for s in loaded["data"]["skipped"])

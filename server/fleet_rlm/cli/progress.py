@@ -57,7 +57,8 @@ class Progress:
         if self.mode == "off":
             return
         line = self._describe(event)
-        if line and (self.mode == "verbose" or kind in {"code.executed", "warning", "child.started"}):
+        shown = {"code.executed", "warning", "child.started", "context.loaded"}
+        if line and (self.mode == "verbose" or kind in shown):
             self.console.print(line, markup=False, highlight=False)
         if self.live:
             self.live.update(self._line())
@@ -73,6 +74,8 @@ class Progress:
                 line += "\n" + _indent(data.get("code") or "", prefix + "    | ")
                 line += "\n" + _indent((data.get("output") or "")[:2000], prefix + "    > ")
             return line
+        if kind == "context.loaded":
+            return "context: " + str(data.get("report"))
         if kind == "warning":
             return f"{prefix}[{node}] warning: {data.get('message')}"
         if kind == "child.started":

@@ -236,8 +236,11 @@ class Engine:
                 sandbox, work, req.question, paths=req.context_paths, texts=req.context_text,
                 volumes=self.volumes, keep_context=bool(session and session.has_context),
             )
-            if session is not None and staged is not None:
-                session.has_context = True
+            if staged is not None:
+                emit("context.loaded", {"chars": staged.length, "sources": len(staged.sources),
+                                        "skipped": staged.skipped[:50], "report": staged.report()})
+                if session is not None:
+                    session.has_context = True
             from fleet_rlm.core.node import NodeRuntime
 
             root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,

@@ -20,7 +20,7 @@ Kinds:
 - ``subcall.finished`` -- a sub-LM call (``llm_query``) returned.
 - ``child.started`` / ``child.finished`` -- a child RLM node began / ended.
 - ``warning`` -- something worth showing that did not stop the run.
-- ``step.started`` -- (optional) an iteration of a node began.
+- ``context.loaded`` -- the inputs reached the REPL (chars, sources, skipped files, report).
 
 Secrets never reach events: ``publish`` passes data through ``redact``.
 """
@@ -49,7 +49,7 @@ EVENT_KINDS = frozenset(
         "child.started",
         "child.finished",
         "warning",
-        "step.started",
+        "context.loaded",
     }
 )
 

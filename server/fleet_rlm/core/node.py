@@ -173,16 +173,21 @@ class NodeRuntime:
             f"depth {self.depth} of {limits.max_depth} · {self.budget.seconds_left:.0f} s left]"
         )
 
-    async def predict(self, predictor: dspy.Predict, *, step: int, **inputs: Any) -> dspy.Prediction:
-        """One root-model call through the chat adapter, metered and traced."""
+    async def predict(
+        self, predictor: dspy.Predict, *, step: int, final: bool = False, **inputs: Any
+    ) -> dspy.Prediction:
+        """One root-model call through the chat adapter, metered and traced.
+
+        ``final`` is the extraction after a budget ran out: it must run regardless."""
         run = self.run
-        self.budget.check()
+        if not final:
+            self.budget.check()
         with dspy.context(lm=run.root_lm, adapter=run.adapter):
             prediction, usage = await metered(lambda: predictor.acall(**inputs))
         run.record_usage(usage)
         data: dict[str, Any] = {
             "step": step,
-            "predictor": "extract" if "transcript" in inputs else "act",
+            "predictor": "extract" if final else "act",
             "reasoning": str(getattr(prediction, "reasoning", "") or ""),
         }
         data.update(usage_fields(usage))
@@ -197,7 +202,9 @@ class NodeRuntime:
             shown = f"Error: {exc}"
             self.emit("code.executed", {"step": step, "code": reply, "output": shown, "error": str(exc)})
             return Outcome(shown, None)
-        result = await self.sandbox.execute(code, timeout=self.run.settings.exec_timeout)
+        # A step never outlives the run's wall-time budget.
+        timeout = min(self.run.settings.exec_timeout, max(1.0, self.budget.seconds_left))
+        result = await self.sandbox.execute(code, timeout=timeout)
         parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
         if result.value is not None:
             parts.append(f"Out: {result.value}")

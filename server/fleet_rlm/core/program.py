@@ -143,7 +143,7 @@ class RLMProgram(dspy.Module):
         )
         try:
             result = await runtime.predict(
-                self.extract, step=len(steps) + 1, query=runtime.query_preview(), transcript=transcript
+                self.extract, step=len(steps) + 1, final=True, query=runtime.query_preview(), transcript=transcript
             )
         except Exception as exc:  # an unreachable model must not hide the stop reason
             runtime.warn(f"extraction failed: {exc}")
