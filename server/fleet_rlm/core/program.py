@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dspy
 
@@ -74,6 +74,35 @@ class NodeResult:
     stop_reason: str | None
     iterations: int
     steps: list[Step] = field(default_factory=list)
+
+
+class TranscriptAdapter(dspy.ChatAdapter):
+    """The chat adapter, rendering each transcript turn once per run.
+
+    The transcript only grows; re-rendering every earlier turn on every step was the runtime's
+    largest per-step cost (quadratic over a run). Rendered turns are reused by content.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._turns: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+    def format_conversation_history(
+        self, signature: type[dspy.Signature], history_field_name: str, inputs: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        history = inputs.get(history_field_name)
+        if history is None:
+            return super().format_conversation_history(signature, history_field_name, inputs)
+        shape = (signature.instructions, tuple(signature.fields))
+        messages: list[dict[str, Any]] = []
+        for turn in history.messages:
+            key = (shape, tuple(turn.items()))
+            if key not in self._turns:
+                one = {history_field_name: dspy.History(messages=[turn])}
+                self._turns[key] = super().format_conversation_history(signature, history_field_name, one)
+            messages.extend(self._turns[key])
+        del inputs[history_field_name]
+        return messages
 
 
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)

@@ -10,14 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dspy
-
 from fleet_rlm.config import Settings
 from fleet_rlm.core.budget import Budget, Limits
 from fleet_rlm.core.context import StagedContext, stage_context
 from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
-from fleet_rlm.core.program import NodeResult, RLMProgram
+from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
 from fleet_rlm.sandbox.local import LocalSandbox
 
 Emit = Callable[..., dict[str, Any]]
@@ -94,7 +92,7 @@ class RunContext:
         self._emit = emit
         self.root_lm = root_lm
         self.sub_lm = sub_lm
-        self.adapter = dspy.ChatAdapter()
+        self.adapter = TranscriptAdapter()
         self.program = program
         self.work_dir = work_dir
         self.volumes = volumes
