@@ -141,7 +141,8 @@ def main() -> None:
     print(f"fleet per-step cost at 10 MB / at 1 KB: {summary['fleet_10MB_over_1KB']}x (target <= 2x)")
     print(f"stock dspy.RLM / fleet at 10 MB: {summary['stock_over_fleet_at_10MB']}x (target >= 20x)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"sizes": rows, "summary": summary, "args": {k: v for k, v in vars(args).items() if k != "out"}}, indent=2) + "\n")
+    params = {k: v for k, v in vars(args).items() if k != "out"}
+    Path(args.out).write_text(json.dumps({"sizes": rows, "summary": summary, "args": params}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
