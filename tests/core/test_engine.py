@@ -241,3 +241,22 @@ async def test_folder_context_reports_sources(fleet_env: dict, oracle: OracleLM,
         loaded = next(e for e in engine.events(result.run_id) if e["kind"] == "context.loaded")
     assert result.answer == f"{docs}/a.md,{docs}/sub/b.log"
     assert loaded["data"]["sources"] == 2 and any("blob.bin: binary" in s for s in loaded["data"]["skipped"])
+
+
+async def test_malformed_reply_costs_a_step_not_the_run(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("sloppy model", ["RAW:I think the answer is probably 4.", "SUBMIT('4')"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("sloppy model", context_text=["x"]))
+        events = engine.events(result.run_id)
+    assert result.status == "succeeded" and result.answer == "4" and result.iterations == 2
+    assert any(e["kind"] == "warning" and "format" in e["data"]["message"] for e in events)
+    assert result.llm_calls == 2 and result.usage["total"]["calls"] == 2  # the bad reply was paid for, once
+    assert "could not be read" in json.dumps(oracle.requests("root")[-1].messages[-1])
+
+
+async def test_volume_paths_as_context(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("from volume", ["SUBMIT(sources[0]['name'] + '=' + context)"]))
+    async with Engine() as engine:
+        engine.volumes.write("notes", "memory/plan.md", "ship it")
+        result = await engine.run(RunRequest("from volume", context_paths=["vol:notes/memory"]))
+    assert result.answer == "vol:notes/memory/plan.md=ship it"

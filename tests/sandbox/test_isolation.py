@@ -133,3 +133,16 @@ async def test_network(make_sandbox, tcp_server, mode):
     else:
         # without bubblewrap there is no network isolation: documents the difference honestly
         assert r.value == repr("connected")
+
+
+@needs_bwrap
+async def test_bwrap_tmp_is_small_so_ram_cannot_be_filled_through_it(make_sandbox):
+    sb = make_sandbox(isolation="bwrap")
+    code = (
+        "chunk = b'x' * (1 << 20)\nwritten = 0\ntry:\n    with open('/tmp/fill', 'wb') as fh:\n"
+        "        for _ in range(200):\n            fh.write(chunk); fh.flush(); written += 1\n"
+        "except OSError as e:\n    print(type(e).__name__, e.errno)\nwritten"
+    )
+    r = await sb.execute(code)
+    assert "OSError 28" in r.stdout  # ENOSPC
+    assert int(r.value) < 100  # megabytes, far below the 200 attempted

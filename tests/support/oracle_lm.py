@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-CODE_MARKER = "[[ ## code ## ]]"
+RAW = "RAW:"
 NEEDLE = re.compile(r"The secret code is (\w+)")
 
 
@@ -115,6 +115,8 @@ def _root_answer(state: OracleState, messages: list[dict[str, Any]]) -> str:
     for scenario in state.scenarios:
         if scenario.trigger in transcript:
             code = scenario.steps[min(step, len(scenario.steps) - 1)]
+            if code.startswith(RAW):  # a reply that ignores the format, as weak models do
+                return code[len(RAW):]
             return _structured(scenario.reasoning, code, transcript)
     return _structured("No scenario matched.", 'SUBMIT("no scenario matched")', transcript)
 

@@ -97,14 +97,28 @@ def _collect() -> Iterator[list[dict[str, Any]]]:
         _sink.reset(token)
 
 
-async def metered(call: Callable[[], Awaitable[T]]) -> tuple[T, CallUsage | None]:
-    """Run one LM-calling coroutine and return its result with the usage it recorded."""
+async def metered(
+    call: Callable[[], Awaitable[T]], on_usage: Callable[[CallUsage], None] | None = None
+) -> tuple[T, CallUsage | None]:
+    """Run one LM-calling coroutine and return its result with the usage it recorded.
+
+    ``on_usage`` sees the usage even when the call then fails (a reply that could not be
+    parsed was still paid for)."""
     started = time.perf_counter()
+    usage: CallUsage | None = None
     with _collect() as records:
-        result = await call()
-    latency = time.perf_counter() - started
+        try:
+            result = await call()
+        finally:
+            usage = _sum(records, time.perf_counter() - started)
+            if usage is not None and on_usage is not None:
+                on_usage(usage)
+    return result, usage
+
+
+def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
     if not records:
-        return result, None
+        return None
     usage = CallUsage(model=str(records[-1].get("model") or ""), latency=latency)
     cost = 0.0
     for rec in records:
@@ -113,7 +127,7 @@ async def metered(call: Callable[[], Awaitable[T]]) -> tuple[T, CallUsage | None
         usage.completion_tokens += int(tokens.get("completion_tokens") or 0)
         cost += float(rec.get("cost") or 0.0)
     usage.cost = cost or None
-    return result, usage
+    return usage
 
 
 def _secret(value: Any) -> str | None:

@@ -69,7 +69,7 @@ class NodeRuntime:
             "rlm_query_batched": self.rlm_query_batched,
         }
 
-    async def llm_query(self, prompt: str, model: str | None = None) -> str:
+    async def llm_query(self, prompt: str) -> str:
         """One sub-model call; errors reach the REPL code as RuntimeError."""
         result = await self._subcall(_require_text(prompt), batch=None)
         if result.startswith("[ERROR]"):
@@ -117,9 +117,8 @@ class NodeRuntime:
         try:
             self.budget.reserve(1)
             async with run.subcall_gate:
-                answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt))
+                answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt), run.record_usage)
             text = str(answer[0]) if answer else ""
-            run.record_usage(usage)
             data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
             data.update(usage_fields(usage))
         except BudgetExhausted as exc:
@@ -183,8 +182,7 @@ class NodeRuntime:
         if not final:
             self.budget.check()
         with dspy.context(lm=run.root_lm, adapter=run.adapter):
-            prediction, usage = await metered(lambda: predictor.acall(**inputs))
-        run.record_usage(usage)
+            prediction, usage = await metered(lambda: predictor.acall(**inputs), run.record_usage)
         data: dict[str, Any] = {
             "step": step,
             "predictor": "extract" if final else "act",

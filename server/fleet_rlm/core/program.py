@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dspy
+from dspy.utils.exceptions import AdapterParseError
 
 from fleet_rlm.core.budget import BudgetExhausted
 
@@ -84,7 +85,8 @@ class TranscriptAdapter(dspy.ChatAdapter):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        # No JSON fallback: a second, unbudgeted call per bad reply; the loop asks again instead.
+        super().__init__(use_json_adapter_fallback=False)
         self._turns: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
 
     def format_conversation_history(
@@ -104,6 +106,11 @@ class TranscriptAdapter(dspy.ChatAdapter):
         del inputs[history_field_name]
         return messages
 
+
+FORMAT_HELP = (
+    "Error: your last reply could not be read. Reply with the fields [[ ## reasoning ## ]] and "
+    "[[ ## code ## ]] (Python in a ```python block), then [[ ## completed ## ]]."
+)
 
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -149,6 +156,12 @@ class RLMProgram(dspy.Module):
             except BudgetExhausted as exc:
                 stop_reason = exc.reason
                 break
+            except AdapterParseError as exc:  # a malformed reply costs a step, not the run
+                reply = str(exc.lm_response or "")[:2000]
+                runtime.warn(f"step {index + 1}: the model's reply did not follow the format")
+                steps.append(Step(observation, "(unparseable reply)", reply))
+                observation = FORMAT_HELP + "\n\n" + runtime.status_line(index + 2)
+                continue
             outcome = await runtime.execute(action.code, step=index + 1)
             steps.append(Step(observation, action.reasoning, action.code))
             if outcome.final is not None:

@@ -106,10 +106,9 @@ class RunContext:
     def emit(self, kind: str, data: dict[str, Any], *, node: str, parent: str | None, depth: int) -> None:
         self._emit(kind, data, node=node, parent=parent, depth=depth)
 
-    def record_usage(self, usage: CallUsage | None) -> None:
-        if usage is not None:
-            self.usage.add(usage)
-            self.budget.charge(usage.cost)
+    def record_usage(self, usage: CallUsage) -> None:
+        self.usage.add(usage)
+        self.budget.charge(usage.cost)
 
     def next_batch_id(self) -> int:
         self._batches += 1

@@ -51,6 +51,9 @@ def _python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
+TMP_BYTES = 64 * 1024 * 1024
+
+
 def _system_binds() -> list[str]:
     """Read-only binds (or symlinks, on merged-/usr systems) of what the interpreter needs."""
     args = ["--ro-bind", "/usr", "/usr"]
@@ -65,7 +68,8 @@ def _system_binds() -> list[str]:
     prefix = os.path.realpath(sys.base_prefix)
     if prefix != "/usr" and not prefix.startswith("/usr/"):
         args += ["--ro-bind", prefix, prefix]  # e.g. /root/.pyenv/versions/3.11.7 and nothing else of ~
-    return [*args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # /tmp lives in RAM, outside the memory cap: keep it small; the work folder is for real files.
+    return [*args, "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
 
 
 _BWRAP_BASE = ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
