@@ -140,7 +140,7 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
     db = Path(fleet_env["FLEET_HOME"]) / "fleet.db"
     deadline = time.monotonic() + 60
     seen = 0
-    while time.monotonic() < deadline and seen < 4:  # run.started, lm.call, code.executed, lm.call
+    while time.monotonic() < deadline and seen < 5:  # started, context, lm, code, lm
         time.sleep(0.2)
         if db.exists():
             try:
@@ -148,7 +148,7 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
                     seen = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
             except sqlite3.OperationalError:  # the schema is still being created
                 continue
-    assert seen >= 4, "the run never got going"
+    assert seen >= 5, "the run never got going"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     runs = json.loads(cli("runs", "--json", env=fleet_env).stdout)
@@ -159,7 +159,7 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
     assert run["status"] == "interrupted"
     events = [json.loads(line) for line in cli("export", run["run_id"], env=fleet_env).stdout.splitlines()]
     kinds = [e["kind"] for e in events]
-    assert kinds[:3] == ["run.started", "lm.call", "code.executed"]
+    assert kinds[:4] == ["run.started", "context.loaded", "lm.call", "code.executed"]
     assert kinds[-1] == "run.finished" and events[-1]["data"]["status"] == "interrupted"
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
 

@@ -260,3 +260,27 @@ async def test_volume_paths_as_context(fleet_env: dict, oracle: OracleLM) -> Non
         engine.volumes.write("notes", "memory/plan.md", "ship it")
         result = await engine.run(RunRequest("from volume", context_paths=["vol:notes/memory"]))
     assert result.answer == "vol:notes/memory/plan.md=ship it"
+
+
+async def test_cost_is_metered_and_capped(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-4o-mini")  # LiteLLM knows its price
+    oracle.add(Scenario("pricey", ["r = llm_query_batched(['word ' * 20000] * 4)\nprint(len(r))", "SUBMIT('x')"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("pricey", context_text=["x"], max_cost=0.005))
+    assert result.usage["total"]["cost"] > 0.005
+    assert result.stop_reason == "cost limit of $0.005 reached"
+    assert result.iterations == 1
+
+
+async def test_session_warns_when_its_repl_was_lost(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("set it", ["v = 7\nSUBMIT(str(v))"]))
+    oracle.add(Scenario("get it", ["SUBMIT(str(globals().get('v')))"]))
+    async with Engine() as engine:
+        first = await engine.run(RunRequest("set it", context_text=["x"], session_id="work"))
+    async with Engine() as engine:  # a new process holds the session now
+        second = await engine.run(RunRequest("get it", session_id="work"))
+        warnings = [e["data"]["message"] for e in engine.events(second.run_id) if e["kind"] == "warning"]
+    assert first.answer == "7" and second.answer == "None"
+    assert any("REPL state is gone" in w for w in warnings)

@@ -43,6 +43,7 @@ class Session:
     work_dir: Path
     sandbox: Any = None
     has_context: bool = False
+    lost_state: bool = False  # the REPL died (or its process did) since the last run
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -80,8 +81,11 @@ class Engine:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        for session_id in list(self._sessions):
-            await self.close_session(session_id)
+        # Sessions stay open in the store: a later process may continue them (with a fresh REPL).
+        for session in list(self._sessions.values()):
+            await self._drop_sandbox(session)
+            shutil.rmtree(session.work_dir, ignore_errors=True)
+        self._sessions.clear()
         if self.store:
             self.store.close()
             self.store = None
@@ -226,6 +230,10 @@ class Engine:
                 holds_lock = True
                 work, sandbox = session.work_dir, session.sandbox
                 ctx.work_dir = work
+                if session.lost_state:
+                    emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
+                                     "sandbox or process stopped); this run starts a fresh REPL"})
+                    session.lost_state = False
             else:
                 sandbox = ctx.new_sandbox(work)
             await sandbox.start()
@@ -313,8 +321,11 @@ class Engine:
         if session is None:
             work = self.settings.work_root / session_id
             session = Session(session_id, work)
+            # Runs from an earlier process: their REPL state did not survive it.
+            session.lost_state = bool(self._require_store().list_runs(session_id=session_id, limit=2)[1:])
             self._sessions[session_id] = session
         if session.sandbox is None or not session.sandbox.alive:
+            session.lost_state = session.lost_state or session.sandbox is not None
             session.sandbox = make_sandbox(self.settings, session.work_dir, self.mounted_volumes())
             session.has_context = False
         self._require_store().touch_session(session_id)
