@@ -284,3 +284,15 @@ async def test_session_warns_when_its_repl_was_lost(fleet_env: dict, oracle: Ora
         warnings = [e["data"]["message"] for e in engine.events(second.run_id) if e["kind"] == "warning"]
     assert first.answer == "7" and second.answer == "None"
     assert any("REPL state is gone" in w for w in warnings)
+
+
+async def test_transient_errors_are_retried(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_LM_RETRIES", "2")
+    oracle.add(Scenario("flaky", ["SUBMIT('made it')"]))
+    oracle.state.fail_next = [503, 429]
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("flaky", context_text=["x"]))
+    assert result.answer == "made it"
+    assert len(oracle.requests("root")) == 3  # two failures, then the retry that worked
