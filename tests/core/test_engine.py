@@ -296,3 +296,22 @@ async def test_transient_errors_are_retried(
         result = await engine.run(RunRequest("flaky", context_text=["x"]))
     assert result.answer == "made it"
     assert len(oracle.requests("root")) == 3  # two failures, then the retry that worked
+
+
+async def test_step_timeout_is_shown_and_the_run_goes_on(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_EXEC_TIMEOUT", "1")
+    oracle.add(Scenario("spin", ["n = 1\nwhile True:\n    n += 1", "SUBMIT('recovered, n kept: ' + str(n > 1))"]))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("spin", context_text=["x"]))
+    assert result.answer == "recovered, n kept: True"
+    assert "timeout" in json.dumps(oracle.requests("root")[1].messages[-1]).lower()
+
+
+async def test_crashed_sandbox_fails_the_run_clearly(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("crash", ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"]))
+    async with Engine() as engine:
+        result = await asyncio.wait_for(engine.run(RunRequest("crash", context_text=["x"])), 60)
+    assert result.status == "failed"
+    assert "sandbox" in result.error.lower() and "signal 9" in result.error
