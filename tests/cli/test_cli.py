@@ -176,3 +176,22 @@ def test_serve_mcp_refuses_open_bind_without_token(fleet_env: dict) -> None:
                           env={k: v for k, v in os.environ.items() if k != "FLEET_MCP_TOKEN"} | env)
     assert proc.returncode == 2
     assert "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""
+
+
+def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
+    oracle.add(Scenario("quick one", ["SUBMIT('quick answer')"]))
+    proc = subprocess.Popen([str(BIN / "fleet")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **fleet_env})
+    proc.stdin.write("slow one please\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not oracle.requests("root"):
+        time.sleep(0.1)
+    time.sleep(0.5)  # the slow step is running in the sandbox now
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate("quick one\n/quit\n", timeout=60)
+    assert proc.returncode == 0, err
+    assert "cancelled" in err and "quick answer" in out
+    runs = json.loads(cli("runs", "--json", env=fleet_env).stdout)
+    assert [r["status"] for r in runs] == ["succeeded", "cancelled"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from typing import Any
 
@@ -39,11 +40,17 @@ class Chat:
             self.session_id = await self.engine.open_session(name="terminal chat")
         req = RunRequest(question=question, context_paths=self.paths, context_text=self.texts,
                          session_id=self.session_id, **limit_overrides(self.args))
+        # Ctrl-C during a run cancels that run and returns to the prompt, not out of the chat.
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(follow_run(self.engine, req, self.mode))
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
         try:
-            result = await follow_run(self.engine, req, self.mode)
-        except KeyboardInterrupt:
+            result = await task
+        except asyncio.CancelledError:
             print("cancelled", file=sys.stderr)
             return
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
         self.paths, self.texts = [], []  # attached inputs now live in the REPL
         self.last_run = result.run_id
         print(result.answer if result.answer is not None else f"(no answer: {result.error or result.stop_reason})")

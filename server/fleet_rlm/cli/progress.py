@@ -75,7 +75,7 @@ class Progress:
                 line += "\n" + _indent((data.get("output") or "")[:2000], prefix + "    > ")
             return line
         if kind == "context.loaded":
-            return "context: " + str(data.get("report"))
+            return "context: " + str(data.get("report")) if data.get("sources") else None
         if kind == "warning":
             return f"{prefix}[{node}] warning: {data.get('message')}"
         if kind == "child.started":

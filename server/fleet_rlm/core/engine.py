@@ -324,8 +324,10 @@ class Engine:
             # Runs from an earlier process: their REPL state did not survive it.
             session.lost_state = bool(self._require_store().list_runs(session_id=session_id, limit=2)[1:])
             self._sessions[session_id] = session
-        if session.sandbox is None or not session.sandbox.alive:
-            session.lost_state = session.lost_state or session.sandbox is not None
+        box = session.sandbox
+        died = box is not None and box.pid is not None and not box.alive  # started, then stopped
+        if box is None or died:
+            session.lost_state = session.lost_state or died
             session.sandbox = make_sandbox(self.settings, session.work_dir, self.mounted_volumes())
             session.has_context = False
         self._require_store().touch_session(session_id)
