@@ -195,3 +195,18 @@ def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: Oracl
     assert "cancelled" in err and "quick answer" in out
     runs = json.loads(cli("runs", "--json", env=fleet_env).stdout)
     assert [r["status"] for r in runs] == ["succeeded", "cancelled"]
+
+
+def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
+    proc = subprocess.Popen([str(BIN / "fleet-rlm"), "run", "slow one", "--text", "x"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **fleet_env})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not oracle.requests("root"):
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert json.loads(cli("runs", "--json", env=fleet_env).stdout)[0]["status"] == "cancelled"
