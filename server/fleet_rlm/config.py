@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     max_cost: float | None = Field(None, gt=0, description="USD per run, where LiteLLM knows prices.")
     concurrency: int = Field(16, ge=1, le=256, description="Concurrent sub-calls per batch.")
     child_concurrency: int = Field(4, ge=1, le=64, description="Concurrent child RLMs per batch.")
+    context_roots: str | None = Field(
+        None, description="Folders context paths must lie under (':'-separated); unset: any readable path."
+    )
     session_idle_seconds: float = Field(1800.0, gt=0, description="Close idle sessions after this.")
 
     daytona_api_key: SecretStr | None = Field(
@@ -76,6 +79,12 @@ class Settings(BaseSettings):
     daytona_target: str | None = Field(
         None, validation_alias=AliasChoices("daytona_target", "DAYTONA_TARGET", "FLEET_DAYTONA_TARGET")
     )
+
+    @property
+    def allowed_context_roots(self) -> list[Path] | None:
+        if not self.context_roots:
+            return None
+        return [Path(p).expanduser().resolve() for p in self.context_roots.split(os.pathsep) if p]
 
     @property
     def store_path(self) -> Path:

@@ -315,3 +315,23 @@ async def test_crashed_sandbox_fails_the_run_clearly(fleet_env: dict, oracle: Or
         result = await asyncio.wait_for(engine.run(RunRequest("crash", context_text=["x"])), 60)
     assert result.status == "failed"
     assert "sandbox" in result.error.lower() and "signal 9" in result.error
+
+
+async def test_context_roots_confine_host_paths(
+    fleet_env: dict, oracle: OracleLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allowed = tmp_path / "shared"
+    allowed.mkdir()
+    (allowed / "ok.txt").write_text("fine")
+    (tmp_path / "private.txt").write_text("secret")
+    (allowed / "link.txt").symlink_to(tmp_path / "private.txt")
+    monkeypatch.setenv("FLEET_CONTEXT_ROOTS", str(allowed))
+    oracle.add(Scenario("read it", ["SUBMIT(context)"]))
+    async with Engine() as engine:
+        assert (await engine.run(RunRequest("read it", context_paths=[str(allowed / "ok.txt")]))).answer == "fine"
+        for outside in (tmp_path / "private.txt", allowed / "link.txt", allowed / ".." / "private.txt"):
+            with pytest.raises(ContextError, match="outside FLEET_CONTEXT_ROOTS"):
+                await engine.start_run(RunRequest("read it", context_paths=[str(outside)]))
+        # A folder inside the roots does not leak what its links point at.
+        result = await engine.run(RunRequest("read it", context_paths=[str(allowed)]))
+    assert "secret" not in (result.answer or "") and "fine" in result.answer

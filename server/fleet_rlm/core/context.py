@@ -91,8 +91,11 @@ def stage_context(
     paths: list[str] | None = None,
     texts: list[str] | None = None,
     volumes: LocalVolumes | None = None,
+    roots: list[Path] | None = None,
 ) -> StagedContext:
-    """Write every source into ``dest`` (UTF-8) and return where each one landed."""
+    """Write every source into ``dest`` (UTF-8) and return where each one landed.
+
+    With ``roots``, host files (after following links) must lie under one of them."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     entries: list[tuple[str, Path | str]] = []
     for spec in paths or []:
@@ -105,6 +108,9 @@ def stage_context(
     with dest.open("w", encoding="utf-8") as out:
         for name, item in entries:
             if isinstance(item, Path):
+                if roots is not None and not any(item.resolve().is_relative_to(r) for r in roots):
+                    skipped.append(f"{name}: outside FLEET_CONTEXT_ROOTS")
+                    continue
                 if not _is_text(item):
                     skipped.append(f"{name}: binary")
                     continue

@@ -104,10 +104,15 @@ class Engine:
         from fleet_rlm.core.lm import build_lm
 
         build_lm(self.settings)  # raises ConfigError with the fix when no model is set
+        roots = self.settings.allowed_context_roots
         for spec in req.context_paths:
-            ref = parse_volume_ref(spec)
-            if ref is None and not Path(spec).expanduser().exists():
+            if parse_volume_ref(spec) is not None:
+                continue
+            path = Path(spec).expanduser()
+            if not path.exists():
                 raise ContextError(f"context path '{spec}' does not exist")
+            if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
+                raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
         if req.session_id and req.session_id not in self._sessions:
             if not SESSION_ID.fullmatch(req.session_id):
                 raise ValueError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
@@ -242,7 +247,8 @@ class Engine:
                                  "install the 'bubblewrap' package to sandbox it"})
             staged = await load_inputs(
                 sandbox, work, req.question, paths=req.context_paths, texts=req.context_text,
-                volumes=self.volumes, keep_context=bool(session and session.has_context),
+                volumes=self.volumes, roots=self.settings.allowed_context_roots,
+                keep_context=bool(session and session.has_context),
             )
             if staged is not None:
                 emit("context.loaded", {"chars": staged.length, "sources": len(staged.sources),

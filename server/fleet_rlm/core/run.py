@@ -195,6 +195,7 @@ async def load_inputs(
     paths: list[str] | None = None,
     texts: list[str] | None = None,
     volumes: Any = None,
+    roots: list[Path] | None = None,
     keep_context: bool = False,
 ) -> StagedContext | None:
     """Put query, context and sources into the REPL once, through files, never re-sent."""
@@ -206,7 +207,7 @@ async def load_inputs(
     await sandbox.set_var("volumes", dict(sandbox.volume_paths))  # name -> path inside the sandbox
     if keep_context and not paths and not texts:
         return None
-    staged = stage_context(inputs / "context.txt", paths=paths, texts=texts, volumes=volumes)
+    staged = stage_context(inputs / "context.txt", paths=paths, texts=texts, volumes=volumes, roots=roots)
     await sandbox.load_text("context", staged.path)
     await sandbox.set_var("sources", [s.to_dict() for s in staged.sources])
     return staged

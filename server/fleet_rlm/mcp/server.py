@@ -103,10 +103,13 @@ def serve(
         raise ValueError(f"unknown transport '{transport}': use 'stdio' or 'http'")
     import uvicorn
 
-    from fleet_rlm.mcp.http import build_http_app, resolve_token
+    from fleet_rlm.mcp.http import build_http_app, is_loopback, resolve_token
 
     secret = resolve_token(token)
     app = build_http_app(server, host=host, port=port, token=secret, allow_remote=allow_remote)
+    if not is_loopback(host) and not os.environ.get("FLEET_CONTEXT_ROOTS"):
+        log.warning("remote clients can name any file this user can read as context: "
+                    "set FLEET_CONTEXT_ROOTS to the folders they may use")
     log.info("fleet-rlm MCP on http://%s:%d/mcp (token %s)", host, port, "required" if secret else "not set")
     uvicorn.run(app, host=host, port=port, log_level=_log_level().lower(), access_log=False)
 
