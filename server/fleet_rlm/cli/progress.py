@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from fleet_rlm.core.progress import ProgressTracker
+
 
 class Progress:
     """Feed it events; it redraws one status line (TTY) or prints one line per step (pipes)."""
@@ -18,12 +20,7 @@ class Progress:
         self.console = console or Console(stderr=True, highlight=False)
         self.live: Live | None = None
         self.started = time.monotonic()
-        self.step = 0
-        self.node = "root"
-        self.done = 0
-        self.total = 0
-        self.tokens = 0
-        self.children = 0
+        self.tracker = ProgressTracker()
 
     def __enter__(self) -> Progress:
         if self.mode != "off" and self.console.is_terminal:
@@ -36,29 +33,22 @@ class Progress:
             self.live.__exit__(None, None, None)
 
     def _line(self) -> Text:
-        parts = [f"step {self.step}" + (f" ({self.node})" if self.node != "root" else "")]
-        if self.total:
-            parts.append(f"{self.done}/{self.total} sub-queries")
-        if self.children:
-            parts.append(f"{self.children} child RLMs")
-        parts += [f"{self.tokens:,} tokens", f"{time.monotonic() - self.started:.1f}s"]
+        p = self.tracker.state
+        parts = [f"step {p.step}" + (f" ({p.node})" if p.node != "root" else "")]
+        if p.subqueries_total:
+            parts.append(f"{p.subqueries_done}/{p.subqueries_total} sub-queries")
+        if p.children:
+            parts.append(f"{p.children} child RLMs")
+        parts += [f"{p.tokens:,} tokens", f"{time.monotonic() - self.started:.1f}s"]
         return Text(" · ".join(parts), style="cyan")
 
     def feed(self, event: dict[str, Any]) -> None:
-        kind, data = event["kind"], event.get("data") or {}
-        if kind == "lm.call":
-            self.step, self.node = data.get("step", self.step), event.get("node", "root")
-            self.tokens += int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
-        elif kind == "subcall.finished":
-            self.done, self.total = data.get("done", self.done), data.get("total", self.total)
-            self.tokens += int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
-        elif kind == "child.started":
-            self.children += 1
+        self.tracker.feed(event)
         if self.mode == "off":
             return
         line = self._describe(event)
         shown = {"code.executed", "warning", "child.started", "context.loaded"}
-        if line and (self.mode == "verbose" or kind in shown):
+        if line and (self.mode == "verbose" or event["kind"] in shown):
             self.console.print(line, markup=False, highlight=False)
         if self.live:
             self.live.update(self._line())

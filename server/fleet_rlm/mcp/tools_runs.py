@@ -12,8 +12,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.mcp.models import CancelOutput, RunList, RunOutput, RunState, StartedRun, run_uri, trace_uri
-from fleet_rlm.mcp.progress import ProgressTracker
 from fleet_rlm.mcp.views import run_output, run_state, run_summary, unknown_run, user_errors
 
 if TYPE_CHECKING:

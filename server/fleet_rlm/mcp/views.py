@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.mcp.models import Progress, RunOutput, RunState, RunSummary, trace_uri
-from fleet_rlm.mcp.progress import ProgressTracker
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -60,7 +61,7 @@ def progress_of(engine: Engine, run_id: str) -> Progress:
     tracker = ProgressTracker()
     for event in engine.events(run_id):
         tracker.feed(event)
-    return tracker.state
+    return Progress(**dataclasses.asdict(tracker.state))
 
 
 def run_state(engine: Engine, run_id: str) -> RunState | None:

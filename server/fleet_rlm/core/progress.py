@@ -1,17 +1,34 @@
-"""Fold a run's events into counters and one human line ("step 3 · 40/64 sub-queries")."""
+"""Fold a run's events into counters and one human line ("step 3 · 40/64 sub-queries").
+
+Every face shows progress the same way: the CLI's live line, MCP progress notifications and
+``get_run`` all read this."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from fleet_rlm.mcp.models import Progress
+
+@dataclass
+class RunProgress:
+    step: int = 0  # latest step of the node that last acted
+    node: str = "root"
+    root_steps: int = 0
+    llm_calls: int = 0  # root steps, child steps and sub-queries
+    subqueries_done: int = 0
+    subqueries_total: int = 0  # the batch in progress (0 outside a batch)
+    children: int = 0
+    tokens: int = 0
+    errors: int = 0  # code steps that raised
+    events: int = 0
+    message: str = ""  # the latest progress line
 
 
 class ProgressTracker:
     """Feed events in seq order; ``feed`` returns the new progress line, or None if nothing to say."""
 
     def __init__(self) -> None:
-        self.state = Progress()
+        self.state = RunProgress()
         self._batches: dict[tuple[str, Any], int] = {}  # (node, batch id) -> sub-queries finished
 
     def feed(self, event: dict[str, Any]) -> str | None:
