@@ -1,0 +1,49 @@
+"""Secrets in a real OS keyring: a Secret Service (gnome-keyring) on a private D-Bus session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.oracle_lm import OracleLM, Scenario
+
+BIN = Path(sys.executable).parent
+SECRET = "sk-keyring-only-9f8e7d6c"
+HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
+
+
+@pytest.mark.skipif(not HAVE_SECRET_SERVICE, reason="needs dbus-run-session and gnome-keyring (see .ci/run)")
+def test_key_set_in_keyring_reaches_the_model_and_no_file(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
+    cli = BIN / "fleet-rlm"
+    script = f"""
+echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{cli} config set lm_api_key {SECRET} || exit 11
+echo "GET=$({cli} config get lm_api_key)"
+{cli} config list | grep '^lm_api_key'
+{cli} run "who am i" --text x --json || exit 12
+{cli} doctor --offline --json
+{cli} config unset lm_api_key
+echo "AFTER=$({cli} config get lm_api_key)"
+"""
+    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
+    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
+    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")  # the keyring's files go here
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "GET=set (…7d6c)" in out and "[keyring]" in out
+    assert SECRET not in out.replace(f"lm_api_key {SECRET}", "")  # shown masked, never in clear
+    assert '"SecretService' in out or "SecretService" in out  # doctor names the real backend
+    assert "AFTER=(not set)" in out
+    # The key came from the keyring: the model server saw it, and it is in no file of ours.
+    assert [r.auth for r in oracle.requests()] == [f"Bearer {SECRET}"]
+    files = [p for p in Path(fleet_env["FLEET_HOME"]).rglob("*") if p.is_file()]
+    assert files and all(SECRET.encode() not in p.read_bytes() for p in files)
