@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     sub_lm_model: str | None = Field(None, description="Model for llm_query; defaults to the root model.")
     sub_lm_api_base: str | None = Field(None, description="Base URL for the sub model.")
     sub_lm_api_key: SecretStr | None = Field(None, description="API key for the sub model.")
-    lm_max_tokens: int = Field(4000, ge=1, description="Max tokens per model reply.")
+    lm_max_tokens: int | None = Field(None, ge=1, description="Max tokens per reply; unset: the provider's.")
     lm_retries: int = Field(3, ge=0, le=10, description="Retries on 429/5xx/timeouts, with backoff.")
     lm_timeout: float = Field(120.0, gt=0, description="Seconds before one model call times out.")
 

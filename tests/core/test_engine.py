@@ -335,3 +335,16 @@ async def test_context_roots_confine_host_paths(
         # A folder inside the roots does not leak what its links point at.
         result = await engine.run(RunRequest("read it", context_paths=[str(allowed)]))
     assert "secret" not in (result.answer or "") and "fine" in result.answer
+
+
+async def test_reasoning_models_work_with_defaults(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-5-mini")
+    oracle.add(Scenario("think", ["SUBMIT('thought')"]))
+    async with Engine() as engine:
+        assert (await engine.run(RunRequest("think", context_text=["x"]))).answer == "thought"
+    monkeypatch.setenv("FLEET_LM_MAX_TOKENS", "4000")
+    async with Engine(load_settings()) as engine:
+        with pytest.raises(ConfigError, match="FLEET_LM_MAX_TOKENS"):
+            await engine.start_run(RunRequest("think", context_text=["x"]))

@@ -147,15 +147,18 @@ def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
     api_key = (_secret(settings.sub_lm_api_key) if sub else None) or _secret(settings.lm_api_key)
     if api_base and not api_key:
         api_key = "not-needed"  # local OpenAI-compatible servers (Ollama, vLLM) ignore the key
-    return MeteredLM(
-        model,
-        api_base=api_base,
-        api_key=api_key,
-        cache=False,
-        num_retries=settings.lm_retries,
-        max_tokens=settings.lm_max_tokens,
-        timeout=settings.lm_timeout,
-    )
+    try:
+        return MeteredLM(
+            model,
+            api_base=api_base,
+            api_key=api_key,
+            cache=False,
+            num_retries=settings.lm_retries,
+            max_tokens=settings.lm_max_tokens,
+            timeout=settings.lm_timeout,
+        )
+    except (ValueError, LMConfigurationError) as exc:  # e.g. reasoning models refuse a small max_tokens
+        raise ConfigError(f"{model} cannot be used with these settings (FLEET_LM_MAX_TOKENS?): {exc}") from None
 
 
 def explain_lm_error(exc: BaseException, lm: dspy.LM | None = None) -> str:
