@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import anyio
+
 from mcp import Client, StdioServerParameters
 
 EMPTY_SERVER = "from mcp.server import MCPServer\nMCPServer('empty').run()\n"
