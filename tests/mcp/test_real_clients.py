@@ -85,3 +85,57 @@ def test_mcpb_validates_manifest(tmp_path: Path) -> None:
     out = run_tool(binary, ["validate", str(ROOT / "manifests" / "manifest.json")], dict(os.environ), tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "validation passes" in out.stdout
+
+
+def test_inspector_over_http_does_the_whole_job(
+    fleet_env: dict[str, str], needle: OracleLM, slow: OracleLM, tmp_path: Path
+) -> None:
+    """One long-lived `fleet-mcp --transport http`, driven call by call by the Inspector CLI:
+    a needle over 5 MB, the run's trace resource, volume files, and a long run cancelled."""
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([*fleet_mcp_command(), "--transport", "http", "--port", str(port)],
+                              env=server_env(fleet_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def call(*method: str) -> dict:
+        binary = tool("FLEET_INSPECTOR")
+        out = run_tool(binary, ["--cli", "--format", "json", "-q", url, *method], server_env(fleet_env), tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)["result"]
+
+    def tool_call(name: str, **args: object) -> dict:
+        result = call("--method", "tools/call", "--tool-name", name, "--tool-args-json", json.dumps(args))
+        assert result["isError"] is False, result
+        return result["structuredContent"]
+
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        hay = write_haystack(tmp_path / "big.txt", 5_000_000, "OTTER5")
+        ran = tool_call("run", question="What is the secret code?", context_paths=[str(hay)])
+        assert ran["answer"] == "OTTER5"
+        trace = call("--method", "resources/read", "--uri", ran["trace_uri"])
+        nodes = json.loads(trace["contents"][0]["text"])["nodes"]
+        assert len(nodes["root"]["steps"]) == 3 and nodes["root"]["steps"][1]["subcalls"]
+
+        tool_call("write_file", volume="notes", path="memory/finding.md", content="OTTER5 found in big.txt")
+        listed = tool_call("list_files", volume="notes", path="memory")
+        assert "memory/finding.md" in json.dumps(listed)
+        assert "OTTER5 found" in json.dumps(tool_call("read_file", volume="notes", path="memory/finding.md"))
+
+        started = tool_call("start_run", question="take your time", context_text="x")
+        time.sleep(1.0)
+        tool_call("cancel_run", run_id=started["run_id"])
+        assert tool_call("get_run", run_id=started["run_id"])["status"] == "cancelled"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
