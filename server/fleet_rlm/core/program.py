@@ -8,6 +8,7 @@ extends the previous one: the prompt is append-only and provider prefix caches h
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,16 @@ class RLMAction(dspy.Signature):
     history: dspy.History = dspy.InputField(desc="Earlier steps.")
     reasoning: str = dspy.OutputField(desc="What you learned and what you do next, briefly.")
     code: str = dspy.OutputField(desc="Python code to run next, in a ```python block.")
+
+    @classmethod
+    def delete(cls, name: str) -> type[dspy.Signature]:
+        """The adapter drops the history field on every step; signatures are immutable, so cache it."""
+        return _without_field(cls, name)
+
+
+@functools.cache
+def _without_field(signature: type[dspy.Signature], name: str) -> type[dspy.Signature]:
+    return dspy.Signature.delete.__func__(signature, name)  # type: ignore[attr-defined,no-any-return]
 
 
 class RLMExtract(dspy.Signature):
