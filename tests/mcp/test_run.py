@@ -177,3 +177,18 @@ async def test_missing_model_is_a_clear_tool_error(fleet_env: dict, era: str, mo
         doctor = (await client.call_tool("doctor", {})).structured_content
     assert doctor is not None and doctor["ok"] is False
     assert doctor["checks"]["model"]["ok"] is False and "FLEET_LM_MODEL" in doctor["checks"]["model"]["fix"]
+
+
+async def test_session_id_keeps_the_repl_between_calls(client: Client, oracle: OracleLM) -> None:
+    from tests.support.oracle_lm import Scenario
+
+    oracle.add(Scenario("remember the word", ["word = context.split()[1]\nSUBMIT(word)"]))
+    oracle.add(Scenario("shout the word", ["SUBMIT(word.upper())"]))
+    first = await client.call_tool(
+        "run", {"question": "remember the word", "context_text": "alpha bravo charlie", "session_id": "chat-1"}
+    )
+    second = await client.call_tool("run", {"question": "shout the word", "session_id": "chat-1"})
+    assert first.structured_content["answer"] == "bravo"  # type: ignore[index]
+    assert second.structured_content["answer"] == "BRAVO"  # type: ignore[index]
+    bad = await client.call_tool("run", {"question": "q", "context_text": "x", "session_id": "no spaces allowed"})
+    assert bad.is_error and "session id" in bad.content[0].text  # type: ignore[union-attr]
