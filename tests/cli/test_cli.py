@@ -153,10 +153,12 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
     proc.wait(timeout=30)
     runs = json.loads(cli("runs", "--json", env=fleet_env).stdout)
     assert runs[0]["status"] == "running"  # nobody has looked yet
+    assert (Path(fleet_env["FLEET_HOME"]) / "work" / runs[0]["run_id"]).is_dir()  # left behind by the kill
     # The next start of the runtime notices the dead owner.
     cli("run", "anything", "--text", "x", "--json", env=fleet_env)
     run = next(r for r in json.loads(cli("runs", "--json", env=fleet_env).stdout) if r["question"] == "hang please")
     assert run["status"] == "interrupted"
+    assert not (Path(fleet_env["FLEET_HOME"]) / "work" / run["run_id"]).exists()  # scratch cleaned up
     events = [json.loads(line) for line in cli("export", run["run_id"], env=fleet_env).stdout.splitlines()]
     kinds = [e["kind"] for e in events]
     assert kinds[:4] == ["run.started", "context.loaded", "lm.call", "code.executed"]

@@ -68,6 +68,8 @@ class Engine:
         interrupted = self.store.mark_interrupted()
         if interrupted:
             log.warning("marked %d run(s) interrupted: their process stopped", len(interrupted))
+        for run_id in interrupted:  # their scratch folders have no owner any more
+            shutil.rmtree(self.settings.work_root / run_id, ignore_errors=True)
         self._reaper = asyncio.create_task(self._reap_idle_sessions())
         return self
 
