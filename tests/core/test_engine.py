@@ -348,3 +348,11 @@ async def test_reasoning_models_work_with_defaults(
     async with Engine(load_settings()) as engine:
         with pytest.raises(ConfigError, match="FLEET_LM_MAX_TOKENS"):
             await engine.start_run(RunRequest("think", context_text=["x"]))
+
+
+async def test_unavailable_sandbox_is_refused_not_swapped(fleet_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_SANDBOX", "daytona")
+    async with Engine(load_settings()) as engine:
+        with pytest.raises(ConfigError, match="FLEET_SANDBOX=local"):
+            await engine.start_run(RunRequest("q", context_text=["x"]))
+        assert engine.list_runs() == []

@@ -106,6 +106,10 @@ class Engine:
         from fleet_rlm.core.lm import build_lm
 
         build_lm(self.settings)  # raises ConfigError with the fix when no model is set
+        if self.settings.sandbox != "local":  # never run somewhere other than asked
+            raise ConfigError(
+                f"the {self.settings.sandbox} sandbox is not available in this version: set FLEET_SANDBOX=local"
+            )
         roots = self.settings.allowed_context_roots
         for spec in req.context_paths:
             if parse_volume_ref(spec) is not None:
