@@ -73,7 +73,8 @@ class Progress:
         if kind == "lm.call" and self.mode == "verbose":
             return f"{prefix}[{node}] thinking: {(data.get('reasoning') or '')[:300]}"
         if kind == "subcall.finished" and self.mode == "verbose":
-            return f"{prefix}[{node}] sub-query {data.get('done')}/{data.get('total')}: " \
+            p = self.tracker.state
+            return f"{prefix}[{node}] sub-query {p.subqueries_done}/{p.subqueries_total}: " \
                    f"{(data.get('response_preview') or data.get('error') or '')[:80]}"
         return None
 

@@ -110,7 +110,6 @@ class NodeRuntime:
         if not isinstance(prompt, str) or not prompt.strip():
             return "[ERROR] the prompt must be a non-empty string"
         run = self.run
-        run.subcalls_started += 1
         data: dict[str, Any] = {"prompt_preview": prompt[:PREVIEW], "prompt_chars": len(prompt)}
         if batch:
             data["batch"] = {"id": batch[0], "index": batch[1], "size": batch[2]}
@@ -128,8 +127,6 @@ class NodeRuntime:
             reason = explain_lm_error(exc, run.sub_lm)
             text = f"[ERROR] {reason}"
             data["error"] = reason
-        run.subcalls_done += 1
-        data.update(done=run.subcalls_done, total=run.subcalls_started)
         self.emit("subcall.finished", data)
         return text
 

@@ -82,8 +82,6 @@ def _tokens(data: dict[str, Any]) -> int:
 
 def _batch_progress(batches: dict[tuple[str, Any], int], node: str, data: dict[str, Any]) -> tuple[int, int]:
     """(done, total) for the batch this sub-query belongs to; a lone llm_query is 1/1."""
-    if "done" in data and "total" in data:  # if core ever reports counters itself, trust them
-        return int(data["done"]), int(data["total"])
     batch = data.get("batch")
     if not isinstance(batch, dict):
         return 1, 1

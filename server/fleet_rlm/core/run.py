@@ -97,8 +97,6 @@ class RunContext:
         self.work_dir = work_dir
         self.volumes = volumes
         self.subcall_gate = asyncio.Semaphore(settings.concurrency)
-        self.subcalls_started = 0
-        self.subcalls_done = 0
         self.iterations = 0
         self._batches = 0
         self._children: dict[str, int] = {}
