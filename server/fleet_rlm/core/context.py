@@ -67,22 +67,23 @@ def _expand(spec: str, volumes: LocalVolumes | None) -> list[tuple[str, Path]]:
         if volumes is None:
             raise ContextError(f"{spec}: volumes are not available here")
         name, inner = ref
-        base = volumes.path(name)
-        target = volumes.resolve(name, inner) if inner else base
-        label = f"vol:{name}/"
+        root = volumes.path(name)
+        target = volumes.resolve(name, inner) if inner else root
+
+        def display(f: Path) -> str:
+            return f"vol:{name}/{f.relative_to(root)}"
     else:
         target = Path(spec).expanduser()
-        base = target if target.is_dir() else target.parent
-        label = ""
+
+        def display(f: Path) -> str:
+            return spec if f == target else f"{spec.rstrip('/')}/{f.relative_to(target)}"
+
     if not target.exists():
         raise ContextError(f"{spec}: no such file or folder")
-    if target.is_file():
-        return [(label + (str(target.relative_to(base)) if ref else str(spec)), target)]
-    files = _walk(target)
+    files = [target] if target.is_file() else _walk(target)
     if not files:
         raise ContextError(f"{spec}: the folder holds no files")
-    prefix = label if ref else str(spec).rstrip("/") + "/"
-    return [(prefix + str(f.relative_to(target if not ref else base)), f) for f in files]
+    return [(display(f), f) for f in files]
 
 
 def stage_context(

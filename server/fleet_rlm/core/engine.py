@@ -59,6 +59,7 @@ class Engine:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, Session] = {}
         self._program: Any = None
+        self._lms: tuple[Any, Any] | None = None
         self._reaper: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Engine:
@@ -85,8 +86,7 @@ class Engine:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         # Sessions stay open in the store: a later process may continue them (with a fresh REPL).
         for session in list(self._sessions.values()):
-            await self._drop_sandbox(session)
-            shutil.rmtree(session.work_dir, ignore_errors=True)
+            await self._discard(session)
         self._sessions.clear()
         if self.store:
             self.store.close()
@@ -103,9 +103,7 @@ class Engine:
         """Fail fast, before a run exists, on anything the user can fix."""
         if not req.question or not req.question.strip():
             raise ValueError("the question is empty: say what you want to know")
-        from fleet_rlm.core.lm import build_lm
-
-        build_lm(self.settings)  # raises ConfigError with the fix when no model is set
+        self._models()  # raises ConfigError with the fix when no model is set
         if self.settings.sandbox != "local":  # never run somewhere other than asked
             raise ConfigError(
                 f"the {self.settings.sandbox} sandbox is not available in this version: set FLEET_SANDBOX=local"
@@ -230,22 +228,21 @@ class Engine:
         ctx: RunContext | None = None
         status, answer, stop_reason, error = "failed", None, None, None
         work = self.settings.work_root / run_id
-        session = self._sessions.get(req.session_id) if req.session_id else None
+        session: Session | None = None
         sandbox = None
         holds_lock = False
         try:
-            ctx = self._run_context(run_id, emit, limits, work, self.mounted_volumes(req.volume))
             if req.session_id:
                 session = await self._session(req.session_id)
                 await session.lock.acquire()
                 holds_lock = True
                 work, sandbox = session.work_dir, session.sandbox
-                ctx.work_dir = work
                 if session.lost_state:
                     emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
                                      "sandbox or process stopped); this run starts a fresh REPL"})
                     session.lost_state = False
-            else:
+            ctx = self._run_context(run_id, emit, limits, work, self.mounted_volumes(req.volume))
+            if sandbox is None:
                 sandbox = ctx.new_sandbox(work)
             await sandbox.start()
             if sandbox.isolation == "none":
@@ -291,18 +288,25 @@ class Engine:
                 shutil.rmtree(work, ignore_errors=True)
             self._finish(run_id, ctx, status, answer, stop_reason, error, started)
 
+    def _models(self) -> tuple[Any, Any]:
+        """Root and sub LM, built once: settings don't change for an engine's lifetime."""
+        if self._lms is None:
+            from fleet_rlm.core.lm import build_lm
+
+            self._lms = (build_lm(self.settings), build_lm(self.settings, sub=True))
+        return self._lms
+
     def _run_context(
         self, run_id: str, emit: Any, limits: Any, work: Path, volumes: dict[str, Path]
     ) -> RunContext:
-        from fleet_rlm.core.lm import build_lm
         from fleet_rlm.core.program import RLMProgram
 
         if self._program is None:
             self._program = RLMProgram()
+        root_lm, sub_lm = self._models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
-            root_lm=build_lm(self.settings), sub_lm=build_lm(self.settings, sub=True),
-            program=self._program, work_dir=work, volumes=volumes,
+            root_lm=root_lm, sub_lm=sub_lm, program=self._program, work_dir=work, volumes=volumes,
         )
 
     def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
@@ -357,11 +361,15 @@ class Engine:
             session.sandbox = None
             session.has_context = False
 
+    async def _discard(self, session: Session) -> None:
+        """Stop a session's REPL and remove its scratch folder (the store row is untouched)."""
+        await self._drop_sandbox(session)
+        shutil.rmtree(session.work_dir, ignore_errors=True)
+
     async def close_session(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)
         if session is not None:
-            await self._drop_sandbox(session)
-            shutil.rmtree(session.work_dir, ignore_errors=True)
+            await self._discard(session)
         if self.store is not None:
             self.store.close_session(session_id)
 

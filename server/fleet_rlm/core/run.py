@@ -89,7 +89,7 @@ class RunContext:
         self.limits = limits
         self.budget = Budget(limits)
         self.usage = Usage()
-        self._emit = emit
+        self.emit = emit  # (kind, data, *, node, parent, depth): every node's events go here
         self.root_lm = root_lm
         self.sub_lm = sub_lm
         self.adapter = TranscriptAdapter()
@@ -100,9 +100,6 @@ class RunContext:
         self.iterations = 0
         self._batches = 0
         self._children: dict[str, int] = {}
-
-    def emit(self, kind: str, data: dict[str, Any], *, node: str, parent: str | None, depth: int) -> None:
-        self._emit(kind, data, node=node, parent=parent, depth=depth)
 
     def record_usage(self, usage: CallUsage) -> None:
         self.usage.add(usage)
