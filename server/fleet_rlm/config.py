@@ -2,13 +2,17 @@
 the user's ``settings.json`` under ``FLEET_HOME``.
 
 Secrets are ``SecretStr`` and live only in the environment or the keyring: ``fleet-rlm config
-set`` refuses to write them to a file. Keep this module light: ``--help`` imports it.
+set`` refuses to write them to a file, and every value loaded is registered with
+``fleet_rlm.redaction`` so it is masked wherever it would appear. ``FLEET_HOME`` and the files
+fleet-rlm writes there are private to the user (0700 folders, 0600 files). Keep this module
+light: ``--help`` imports it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,8 +25,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from fleet_rlm.redaction import remember_secrets
+
 KEYRING_SERVICE = "fleet-rlm"
-SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key")
+SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key", "mcp_token")
 
 
 def default_home() -> Path:
@@ -33,12 +39,28 @@ def user_settings_path() -> Path:
     return default_home() / "settings.json"
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) readable by this user only (0700); return it.
+
+    An existing folder of ours loses group/other access too, unless it is a shared sticky
+    folder such as /tmp, which must stay as it is."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)  # mode applies to the last part only
+    info = path.stat()
+    if info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and info.st_mode & 0o077:
+        path.chmod(stat.S_IMODE(info.st_mode) & 0o700)
+    return path
+
+
 class Settings(BaseSettings):
     """Every knob of the runtime; names map to env vars ``FLEET_<NAME>``."""
 
     model_config = SettingsConfigDict(
         # An empty variable (templated client configs pass "") must not hide a keyring secret.
-        env_prefix="FLEET_", env_file=".env", extra="ignore", populate_by_name=True, env_ignore_empty=True
+        env_prefix="FLEET_",
+        env_file=".env",
+        extra="ignore",
+        populate_by_name=True,
+        env_ignore_empty=True,
     )
 
     home: Path = Field(default_factory=default_home, description="Data folder: store, volumes, work dirs.")
@@ -52,10 +74,11 @@ class Settings(BaseSettings):
     lm_retries: int = Field(3, ge=0, le=10, description="Retries on 429/5xx/timeouts, with backoff.")
     lm_timeout: float = Field(120.0, gt=0, description="Seconds before one model call times out.")
 
-    sandbox: Literal["local", "daytona"] = Field("local", description="Where code runs.")
+    sandbox: str = Field("local", description="Where code runs: a sandbox backend (local; daytona later).")
     isolation: Literal["auto", "bwrap", "none"] = Field("auto", description="Local sandbox isolation.")
     exec_timeout: float = Field(300.0, gt=0, description="Seconds one code step may run.")
-    memory_mb: int = Field(2048, ge=64, description="Memory cap of the sandbox worker.")
+    memory_mb: int = Field(2048, ge=64, description="Memory cap of the whole sandbox (all its processes), MB.")
+    max_procs: int = Field(64, ge=1, description="Processes and threads sandboxed code may run at once.")
     output_chars: int = Field(10_000, ge=200, description="Output of one step the model sees (head+tail).")
 
     max_iters: int = Field(20, ge=1, description="Steps per RLM node.")
@@ -69,6 +92,8 @@ class Settings(BaseSettings):
         None, description="Folders context paths must lie under (':'-separated); unset: any readable path."
     )
     session_idle_seconds: float = Field(1800.0, gt=0, description="Close idle sessions after this.")
+    volume_quota_mb: int = Field(1024, ge=1, description="Disk use per local volume; a step past it is trimmed.")
+    volume_max_files: int = Field(100_000, ge=1, description="Entries (files, folders, links) per local volume.")
 
     daytona_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("daytona_api_key", "DAYTONA_API_KEY", "FLEET_DAYTONA_API_KEY")
@@ -79,6 +104,22 @@ class Settings(BaseSettings):
     daytona_target: str | None = Field(
         None, validation_alias=AliasChoices("daytona_target", "DAYTONA_TARGET", "FLEET_DAYTONA_TARGET")
     )
+    mcp_token: SecretStr | None = Field(
+        None, description="Bearer token of `fleet-mcp --transport http`; unset: a random one per launch."
+    )
+
+    def model_post_init(self, _context: Any) -> None:
+        remember_secrets(self.secret_values())
+
+    def secret_values(self) -> list[str]:
+        """Every secret these settings hold (keys, tokens), in clear: for masking, never for showing."""
+        values = (getattr(self, name) for name in SECRET_FIELDS)
+        return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
+
+    def make_home(self) -> None:
+        """Create FLEET_HOME and the runs' scratch root, both private to this user."""
+        private_dir(self.home)
+        private_dir(self.work_root)
 
     @property
     def allowed_context_roots(self) -> list[Path] | None:
@@ -123,14 +164,27 @@ class KeyringSource(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        if os.environ.get("FLEET_NO_KEYRING"):
-            return {}
         values: dict[str, Any] = {}
         for name in SECRET_FIELDS:
-            value = keyring_get(name)
+            value = keyring_get(name) if _keyring_wanted() else None
             if value:
                 values[name] = value
         return values
+
+
+def _keyring_wanted() -> bool:
+    return not os.environ.get("FLEET_NO_KEYRING")
+
+
+def secret_setting(name: str) -> str | None:
+    """One secret without loading all settings: its environment variable, else the keyring.
+
+    Blank (or whitespace) counts as unset. Registered for masking like any loaded secret."""
+    value = (os.environ.get(env_name(name)) or "").strip()
+    if not value and _keyring_wanted():
+        value = (keyring_get(name) or "").strip()
+    remember_secrets([value])
+    return value or None
 
 
 def keyring_status() -> tuple[bool, str]:
@@ -236,7 +290,10 @@ def write_user_settings(values: dict[str, Any]) -> None:
     if leaked:  # defence in depth: secrets never go to a file
         raise ConfigError(f"refusing to write secrets to a file: {', '.join(leaked)}")
     path = user_settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: created fresh, so with our mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)

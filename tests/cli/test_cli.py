@@ -114,7 +114,7 @@ def test_doctor_reports_model_and_isolation(fleet_env: dict) -> None:
     report = json.loads(proc.stdout)
     assert report["model"]["ok"] and "answered" in report["model"]["detail"]
     assert report["sandbox"]["isolation"] in {"bwrap", "none"}
-    assert set(report) >= {"keyring", "store", "daytona"}
+    assert set(report) >= {"keyring", "store", "caps"}
     down = cli("doctor", "--json", env={**fleet_env, "FLEET_LM_API_BASE": "http://127.0.0.1:9/v1"})
     assert down.returncode == 1 and "cannot reach" in json.loads(down.stdout)["model"]["detail"]
 
@@ -152,9 +152,9 @@ def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, orac
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     runs = json.loads(cli("runs", "--json", env=fleet_env).stdout)
-    assert runs[0]["status"] == "running"  # nobody has looked yet
+    assert runs[0]["status"] == "interrupted"  # the first look notices the dead owner
     assert (Path(fleet_env["FLEET_HOME"]) / "work" / runs[0]["run_id"]).is_dir()  # left behind by the kill
-    # The next start of the runtime notices the dead owner.
+    # The next start of the runtime removes the scratch folder nobody owns any more.
     cli("run", "anything", "--text", "x", "--json", env=fleet_env)
     run = next(r for r in json.loads(cli("runs", "--json", env=fleet_env).stdout) if r["question"] == "hang please")
     assert run["status"] == "interrupted"
@@ -171,13 +171,13 @@ def _no_stray_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
-def test_serve_mcp_refuses_open_bind_without_token(fleet_env: dict) -> None:
+def test_serve_mcp_refuses_open_bind_without_auth(fleet_env: dict) -> None:
     env = {k: v for k, v in fleet_env.items()}
     proc = subprocess.run([str(BIN / "fleet-rlm"), "serve-mcp", "--transport", "http", "--host", "0.0.0.0",
-                           "--allow-remote"], capture_output=True, text=True, timeout=60,
+                           "--allow-remote", "--no-auth"], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != "FLEET_MCP_TOKEN"} | env)
     assert proc.returncode == 2
-    assert "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""
+    assert "drop --no-auth" in proc.stderr and "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""
 
 
 def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: OracleLM) -> None:

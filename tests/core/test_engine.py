@@ -13,8 +13,8 @@ import pytest
 from fleet_rlm.config import ConfigError, load_settings
 from fleet_rlm.core.context import ContextError
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.run import RunRequest
 from fleet_rlm.core.trace import build_trace
+from fleet_rlm.core.types import RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 

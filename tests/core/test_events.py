@@ -1,5 +1,8 @@
 import asyncio
 import json
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import aclosing
@@ -10,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fleet_rlm.core.events import EVENT_VERSION, EventBus, redact
+from fleet_rlm.core.events import EVENT_VERSION, EventBus
+from fleet_rlm.redaction import redact
 from fleet_rlm.store import RunRecord, Store
 
 
@@ -223,9 +227,7 @@ _SECRET_WORDS = ["api_key", "key", "token", "password", "secret", "authorization
 _json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
 _json_value = st.recursive(
     _json_leaf,
-    lambda children: (
-        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
-    ),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
     max_leaves=8,
 )
 
@@ -274,3 +276,16 @@ def test_key_like_strings_are_masked_anywhere(prefix: str, body: str, around: st
 def test_key_like_pattern_leaves_ordinary_words() -> None:
     text = "ask-questions task-12345678, the bearer of news"
     assert redact(text) == text
+
+
+@pytest.mark.anyio
+async def test_following_a_run_whose_process_died_ends_at_once(tmp_path: Path) -> None:
+    """No live events will ever come for it: the subscription closes the run out and ends."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with Store(tmp_path / "dead.db") as store:
+        store.create_run(RunRecord(id="r9", status="running", owner_pid=dead.pid, owner_host=socket.gethostname()))
+        store.append_event("r9", "run.started", {})
+        got = await asyncio.wait_for(_collect(EventBus(store).subscribe("r9")), 5)
+    assert [e["kind"] for e in got] == ["run.started", "run.finished"]
+    assert got[-1]["data"]["status"] == "interrupted"

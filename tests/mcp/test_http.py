@@ -1,4 +1,7 @@
-"""Streamable HTTP under uvicorn: both eras, DNS-rebinding protection, bearer token, bind policy."""
+"""Streamable HTTP under uvicorn: both eras, DNS-rebinding protection, bearer token, bind policy.
+
+The token default (configured or generated, printed once), --no-auth, /health and the session
+bound are tested against the real `fleet-mcp` process in tests/security/test_http_auth.py."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import pytest
 import uvicorn
 from mcp.client.streamable_http import streamable_http_client
 
-from fleet_rlm.mcp.http import BindError, build_http_app, check_bind, is_loopback, resolve_token
+from fleet_rlm.http_auth import BindError, check_bind, is_loopback, resolve_token
+from fleet_rlm.mcp.http import build_http_app
 from fleet_rlm.mcp.server import build_server
 from mcp import Client
 
@@ -27,7 +31,9 @@ HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "app
 
 @contextmanager
 def serving(token: str | None = None) -> Iterator[str]:
-    """Serve a fresh server on a free loopback port in a thread; yields the /mcp URL."""
+    """Serve a fresh server on a free loopback port in a thread; yields the /mcp URL.
+
+    ``token=None`` serves without authentication (what `--no-auth` does)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -90,19 +96,26 @@ def test_bind_policy(monkeypatch: pytest.MonkeyPatch) -> None:
         check_bind(host, None, False)
     for host in ("0.0.0.0", "192.168.1.5", "example.com", "::"):
         assert not is_loopback(host), host
-    with pytest.raises(BindError, match=r"FLEET_MCP_TOKEN.*--allow-remote"):
+    with pytest.raises(BindError, match=r"--no-auth.*FLEET_MCP_TOKEN.*--allow-remote"):
         check_bind("0.0.0.0", None, False)
     with pytest.raises(BindError, match="allow-remote") as no_flag:
         check_bind("0.0.0.0", "tok", False)
-    assert "token" not in str(no_flag.value).split("needs")[1]
-    with pytest.raises(BindError, match="bearer token"):
+    assert "authentication" not in str(no_flag.value).split("needs")[1]
+    with pytest.raises(BindError, match="authentication"):
         check_bind("0.0.0.0", None, True)
     check_bind("0.0.0.0", "tok", True)
     with pytest.raises(BindError):
         build_http_app(build_server(), host="0.0.0.0", token=None, allow_remote=True)
     build_http_app(build_server(), host="0.0.0.0", token="tok", allow_remote=True)
 
-    monkeypatch.setenv("FLEET_MCP_TOKEN", "from-env")
-    assert resolve_token(None) == "from-env" and resolve_token("given") == "given"
-    monkeypatch.setenv("FLEET_MCP_TOKEN", "")
-    assert resolve_token(None) is None
+    monkeypatch.setenv("FLEET_MCP_TOKEN", "from-env-token")
+    configured = resolve_token()
+    assert configured is not None and (configured.value, configured.generated) == ("from-env-token", False)
+    assert resolve_token(given="given-token").value == "given-token"  # type: ignore[union-attr]
+    assert resolve_token(no_auth=True) is None
+    for blank in ("", "   "):  # a blank token is never accepted: one is generated instead
+        monkeypatch.setenv("FLEET_MCP_TOKEN", blank)
+        generated = resolve_token()
+        assert generated is not None and generated.generated and len(generated.value) >= 32
+        assert generated.value not in repr(generated)  # a stray log line of the object shows no secret
+    assert resolve_token().value != resolve_token().value  # type: ignore[union-attr]  # per launch

@@ -98,7 +98,8 @@ def test_inspector_over_http_does_the_whole_job(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([*fleet_mcp_command(), "--transport", "http", "--port", str(port)],
+    # --no-auth: the Inspector CLI is driven here by URL only (the token default is tested in tests/security).
+    server = subprocess.Popen([*fleet_mcp_command(), "--transport", "http", "--port", str(port), "--no-auth"],
                               env=server_env(fleet_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}/mcp"
 

@@ -56,13 +56,14 @@ async def test_stdio_run_progress_and_cancel(
                 await anyio.sleep(0.1)
 
 
-def test_http_refuses_remote_bind_without_token(fleet_env: dict[str, str], tmp_path: Path) -> None:
+def test_http_refuses_remote_bind_without_auth(fleet_env: dict[str, str], tmp_path: Path) -> None:
     out = subprocess.run(
-        [*fleet_mcp_command(), "--transport", "http", "--host", "0.0.0.0", "--port", "0"],
+        [*fleet_mcp_command(), "--transport", "http", "--host", "0.0.0.0", "--port", "0", "--no-auth"],
         env=server_env(fleet_env), cwd=tmp_path, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and out.stdout == ""
     assert "refusing to listen on 0.0.0.0" in out.stderr and "FLEET_MCP_TOKEN" in out.stderr
+    assert "--allow-remote" in out.stderr and "listening" not in out.stderr  # refused before binding
 
 
 def test_version_flag() -> None:

@@ -28,7 +28,9 @@ async def test_write_list_read_roundtrip(client: Client) -> None:
     await client.call_tool("write_file", {"volume": "notes", "path": "artifacts/out/report.txt", "content": "r"})
 
     volumes = (await client.call_tool("list_volumes", {})).structured_content
-    assert volumes == {"volumes": [{"name": "notes", "files": 2, "bytes": 12}]}
+    assert volumes == {"volumes": [{  # 3 entries: two files and the folder artifacts/out
+        "name": "notes", "files": 3, "bytes": 12, "quota_bytes": 1024 * 1024 * 1024, "max_files": 100_000,
+    }]}  # fmt: skip
 
     top = (await client.call_tool("list_files", {"volume": "notes"})).structured_content
     assert top is not None and [e["path"] for e in top["entries"]] == ["artifacts", "buffers", "memory", "meta"]

@@ -50,7 +50,7 @@ async def test_work_dir_and_volume_are_writable_and_shared(make_sandbox, tmp_pat
     assert (tmp_path / "work" / "note.txt").read_text() == "from work"
     assert (vol / "result.txt").read_text() == "from volume"
     (vol / "from_host.txt").write_text("hello sandbox")
-    seen = await sb.execute(f"open({sb.sandbox_path(vol / 'from_host.txt')!r}).read()")
+    seen = await sb.execute(f"open({sb.volume_paths['out']!r} + '/from_host.txt').read()")
     assert seen.value == repr("hello sandbox")
 
 

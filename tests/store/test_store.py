@@ -2,6 +2,7 @@ import json
 import os
 import socket
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet_rlm.redaction import remember_secrets
 from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
+from fleet_rlm.store.store import owner_alive, process_start
 
 
 def _run(run_id: str, **kw) -> RunRecord:
@@ -81,9 +84,7 @@ def test_create_get_update(store: Store) -> None:
 
 def test_list_paging_and_filters(store: Store) -> None:
     for i in range(7):
-        store.create_run(
-            _run(f"r{i}", created_at=100.0 + i, session_id="a" if i % 2 else "b", status="succeeded")
-        )
+        store.create_run(_run(f"r{i}", created_at=100.0 + i, session_id="a" if i % 2 else "b", status="succeeded"))
     store.update_run("r3", status="failed")
     assert [r.id for r in store.list_runs()] == [f"r{i}" for i in range(6, -1, -1)]
     assert [r.id for r in store.list_runs(limit=3, offset=2)] == ["r4", "r3", "r2"]
@@ -191,10 +192,7 @@ def test_seq_gap_free_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store(path) as s:
         s.create_run(_run("r1"))
-        procs = [
-            subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), "200", name])
-            for name in ("p1", "p2")
-        ]
+        procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), "200", name]) for name in ("p1", "p2")]
         for i in range(100):  # and this process too, at the same time
             s.append_event("r1", "warning", {"who": "me", "i": i})
         assert [p.wait(timeout=60) for p in procs] == [0, 0]
@@ -245,14 +243,110 @@ def test_mark_interrupted(store: Store) -> None:
     assert store.mark_interrupted() == []  # idempotent
 
 
-def test_mark_interrupted_custom_alive_check(store: Store) -> None:
+def test_mark_interrupted_custom_alive_check(tmp_path: Path) -> None:
     host = socket.gethostname()
-    store.create_run(_run("a", status="running", owner_pid=111, owner_host=host))
-    store.create_run(_run("b", status="running", owner_pid=222, owner_host=host))
-    store.create_run(_run("me", status="running", owner_pid=os.getpid(), owner_host=host))
-    assert store.mark_interrupted(alive=lambda pid: pid == 111) == ["b"]
-    # our own pid counts as alive whatever the check says
-    assert store.mark_interrupted(alive=lambda pid: False) == ["a"]
+    verdict = {111: True, 222: False}
+    with Store(tmp_path / "fleet.db", alive=lambda pid, start: verdict[pid]) as store:
+        store.create_run(_run("a", status="running", owner_pid=111, owner_host=host))
+        store.create_run(_run("b", status="running", owner_pid=222, owner_host=host))
+        store.create_run(_run("me", status="running", owner_pid=os.getpid(), owner_host=host))
+        assert store.mark_interrupted() == ["b"]
+        verdict[111] = False
+        # our own runs count as alive whatever the check says (and are never checked)
+        assert store.mark_interrupted() == ["a"]
+        assert store.get_run("me").status == "running"
+
+
+def test_dead_owner_is_noticed_on_read(store: Store) -> None:
+    """get_run and list_runs close a dead process's run at once, with its run.finished event."""
+    host = socket.gethostname()
+    dead = _dead_pid()
+    store.create_run(_run("gone", status="running", owner_pid=dead, owner_host=host))
+    store.append_event("gone", "run.started", {})
+    run = store.get_run("gone")
+    assert run.status == "interrupted" and run.stop_reason == f"the process running it stopped (pid {dead})"
+    assert [e["kind"] for e in store.events("gone")] == ["run.started", "run.finished"]
+
+    store.create_run(_run("gone-too", status="queued", owner_pid=dead, owner_host=host))
+    # A status filter sees the truth too: the dead run is no longer "queued".
+    assert store.list_runs(status="queued") == []
+    assert [r.status for r in store.list_runs(status="interrupted")] == ["interrupted", "interrupted"]
+    assert store.mark_interrupted() == []  # already recorded, once
+    assert [e["kind"] for e in store.events("gone-too")] == ["run.finished"]
+
+
+def test_recycled_pid_is_not_the_owner(store: Store) -> None:
+    """The owner is a pid AND its start stamp: another process on the same pid is not the owner."""
+    host = socket.gethostname()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stamp = process_start(other.pid)
+        assert stamp is not None and stamp == process_start(other.pid)
+        store.create_run(_run("live", status="running", owner_pid=other.pid, owner_host=host, owner_start=stamp))
+        # Same pid, but the process that owned the run started at another time: it is gone.
+        store.create_run(
+            _run("recycled", status="running", owner_pid=other.pid, owner_host=host, owner_start=stamp + "0")
+        )
+        assert store.get_run("live").status == "running"
+        assert store.get_run("recycled").status == "interrupted"
+    finally:
+        other.kill()
+        other.wait()
+    assert store.get_run("live").status == "interrupted"  # now its owner really is gone
+
+
+def test_an_exited_unreaped_owner_is_dead() -> None:
+    """A killed server whose parent has not reaped it yet (a zombie) no longer owns its runs."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stamp = process_start(child.pid)
+    assert owner_alive(child.pid, stamp)
+    child.kill()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never became a zombie"
+        time.sleep(0.01)
+    try:
+        assert not owner_alive(child.pid, stamp) and not owner_alive(child.pid, None)
+    finally:
+        child.wait()
+
+
+def test_own_runs_carry_this_process_start_stamp(store: Store) -> None:
+    store.create_run(_run("mine", status="running", owner_pid=os.getpid(), owner_host=socket.gethostname()))
+    assert store.get_run("mine").owner_start == process_start(os.getpid()) is not None
+
+
+def test_secrets_are_masked_before_they_reach_the_file(store: Store) -> None:
+    remember_secrets(["plainkey0123456789abcdef"])
+    store.create_run(_run("r1", request={"note": "sent plainkey0123456789abcdef"}))
+    store.update_run("r1", error="provider said: bad key plainkey0123456789abcdef", answer="Bearer abcdefghijkl")
+    store.append_event("r1", "warning", {"message": "echo plainkey0123456789abcdef"})
+    run = store.get_run("r1")
+    assert (run.error, run.answer, run.request) == ("provider said: bad key ***", "***", {"note": "sent ***"})
+    assert store.events("r1")[0]["data"] == {"message": "echo ***"}
+    store.close()
+    raw = b"".join(f.read_bytes() for f in store.path.parent.iterdir() if f.name.startswith("fleet.db"))
+    assert b"plainkey0123456789abcdef" not in raw and b"abcdefghijkl" not in raw
+
+
+def test_store_files_are_private(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "fleet.db"
+    with Store(path) as store:
+        store.create_run(_run("r1"))  # a write: the -wal file exists now
+        modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in path.parent.iterdir()}
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert {"fleet.db", "fleet.db-wal", "fleet.db-shm"} <= set(modes)
+    assert set(modes.values()) == {0o600}, modes
+
+
+def test_older_store_files_are_tightened(tmp_path: Path) -> None:
+    path = tmp_path / "home" / "fleet.db"
+    Store(path).close()
+    path.parent.chmod(0o755)
+    path.chmod(0o644)
+    Store(path).close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 # -- sessions -----------------------------------------------------------------

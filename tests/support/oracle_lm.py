@@ -5,17 +5,22 @@ program and the HTTP wire is exercised. Two kinds of request arrive:
 
 * root steps (the chat adapter's structured prompt, recognised by its ``[[ ## code ## ]]``
   output marker): answered with the next code step of the scenario whose trigger appears in
-  the question;
+  the question; the reference ``rlms`` package's prompt (a system message asking for
+  ```` ```repl ```` blocks) is answered in its own dialect, ``SUBMIT(x)`` becoming its
+  ``answer["content"] = x; answer["ready"] = True``;
 * sub-queries (``llm_query`` prompts): answered by the scenario's ``sub`` function from the
   text the prompt carries, like a model reading it would.
 
 It records every request, tracks how many were in flight at once, can add latency and can
-fail a number of requests with a chosen HTTP status to exercise retries.
+fail a number of requests (or every root or sub request) with a chosen HTTP status to exercise
+retries and error paths; with ``echo_secrets`` a failure quotes the request's Authorization
+header and key back, as careless providers do.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 import time
@@ -48,16 +53,23 @@ class Scenario:
 class Request:
     kind: str  # "root" | "sub"
     model: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # empty when the state keeps no messages
     started: float
     auth: str | None
+    prompt_chars: int = 0
+    reply_chars: int = 0
 
 
 @dataclass
 class OracleState:
     scenarios: list[Scenario] = field(default_factory=list)
     latency: float = 0.0
+    jitter: float = 0.0  # each reply waits latency ± up to jitter seconds (seeded, reproducible)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    keep_messages: bool = True  # benchmarks send gigabytes of prompts: keep only their sizes
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses to return before succeeding
+    fail_kind: dict[str, int] = field(default_factory=dict)  # "root"/"sub" -> status for every such request
+    echo_secrets: bool = False  # failures quote the Authorization header and the bare key
     requests: list[Request] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -108,7 +120,24 @@ class OracleLM:
         self._server.server_close()
 
 
-def _root_answer(state: OracleState, messages: list[dict[str, Any]]) -> str:
+def _dialect(messages: list[dict[str, Any]]) -> str | None:
+    """The root prompt's dialect: dspy's chat adapter ("chat"), rlms ("repl"), or None for a sub-query."""
+    first = messages[0] if messages else {}
+    system = _text(first.get("content")) if first.get("role") == "system" else ""
+    if "[[ ## " in system:
+        return "chat"
+    return "repl" if "```repl" in system else None
+
+
+_SUBMIT = re.compile(r"^(\s*)SUBMIT\((.*)\)\s*$", re.MULTILINE)
+
+
+def _repl_reply(reasoning: str, code: str) -> str:
+    code = _SUBMIT.sub(r'\1answer["content"] = str(\2); answer["ready"] = True', code)
+    return f"{reasoning}\n\n```repl\n{code}\n```"
+
+
+def _root_answer(state: OracleState, messages: list[dict[str, Any]], dialect: str = "chat") -> str:
     transcript = "\n".join(_text(m.get("content")) for m in messages)
     # Our runtime sends steps as chat turns; stock dspy.RLM renders them as "=== Step N ===".
     step = sum(1 for m in messages if m.get("role") == "assistant") or transcript.count("=== Step ")
@@ -116,7 +145,9 @@ def _root_answer(state: OracleState, messages: list[dict[str, Any]]) -> str:
         if scenario.trigger in transcript:
             code = scenario.steps[min(step, len(scenario.steps) - 1)]
             if code.startswith(RAW):  # a reply that ignores the format, as weak models do
-                return code[len(RAW):]
+                return code[len(RAW) :]
+            if dialect == "repl":
+                return _repl_reply(scenario.reasoning, code)
             return _structured(scenario.reasoning, code, transcript)
     return _structured("No scenario matched.", 'SUBMIT("no scenario matched")', transcript)
 
@@ -133,6 +164,11 @@ def _structured(reasoning: str, code: str, transcript: str) -> str:
 def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body leave in one send (the buffer is flushed after each request), and
+        # Nagle is off: a response written in two sends on a kept-alive connection otherwise
+        # waits ~40 ms for the client's delayed ACK, which would swamp every timing.
+        wbufsize = 1 << 16
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: object) -> None:  # keep test output quiet
             return
@@ -150,37 +186,47 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": {"message": f"unknown path {self.path}"}})
                 return
             messages = body.get("messages", [])
-            first = messages[0] if messages else {}
-            is_root = first.get("role") == "system" and "[[ ## " in _text(first.get("content"))
+            dialect = _dialect(messages)
+            is_root = dialect is not None
+            kind = "root" if is_root else "sub"
+            prompt_chars = sum(len(_text(m.get("content"))) for m in messages)
+            record = Request(
+                kind=kind,
+                model=body.get("model", ""),
+                messages=messages if state.keep_messages else [],
+                started=time.monotonic(),
+                auth=self.headers.get("Authorization"),
+                prompt_chars=prompt_chars,
+            )
             with state.lock:
-                state.requests.append(
-                    Request(
-                        kind="root" if is_root else "sub",
-                        model=body.get("model", ""),
-                        messages=messages,
-                        started=time.monotonic(),
-                        auth=self.headers.get("Authorization"),
-                    )
-                )
-                failure = state.fail_next.pop(0) if state.fail_next else None
+                state.requests.append(record)
+                delay = max(0.0, state.latency + state.rng.uniform(-state.jitter, state.jitter))
+                failure = state.fail_next.pop(0) if state.fail_next else state.fail_kind.get(kind)
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
-                if state.latency:
-                    time.sleep(state.latency)
+                if delay:
+                    time.sleep(delay)
                 if failure:
-                    self._send(failure, {"error": {"message": "injected failure", "type": "server_error"}})
+                    self._send(failure, {"error": {"message": self._failure_message(), "type": "server_error"}})
                     return
                 if is_root:
-                    content = _root_answer(state, messages)
+                    content = _root_answer(state, messages, dialect or "chat")
                 else:
                     prompt = _text(messages[-1].get("content")) if messages else ""
                     content = _sub_answer(state, prompt)
-                prompt_chars = sum(len(_text(m.get("content"))) for m in messages)
+                record.reply_chars = len(content)
                 self._send(200, _completion(body.get("model", "oracle"), content, prompt_chars))
             finally:
                 with state.lock:
                     state.in_flight -= 1
+
+        def _failure_message(self) -> str:
+            if not state.echo_secrets:
+                return "injected failure"
+            auth = self.headers.get("Authorization") or ""
+            key = auth.partition(" ")[2]
+            return f"injected failure: request had Authorization: {auth}; the key {key} is not valid here"
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
@@ -209,9 +255,7 @@ def _completion(model: str, content: str, prompt_chars: int) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-        ],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,

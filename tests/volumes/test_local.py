@@ -1,4 +1,9 @@
+"""LocalVolumes: the file API over volume folders (fd-relative, links refused) and its quotas."""
+
+import contextlib
 import os
+import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -8,6 +13,11 @@ from hypothesis import strategies as st
 from fleet_rlm.volumes import DURABLE_ROOTS, LocalVolumes, VolumeError, parse_volume_ref, volume_uri
 
 WRITE_ROOTS = ("memory", "artifacts")
+MB = 1024 * 1024
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
 
 
 def test_ensure_creates_durable_roots(vols: LocalVolumes) -> None:
@@ -17,6 +27,7 @@ def test_ensure_creates_durable_roots(vols: LocalVolumes) -> None:
     assert vols.ensure("notes") == path  # idempotent
     assert [e["path"] for e in vols.list_files("notes")] == sorted(DURABLE_ROOTS)
     assert all(e["type"] == "dir" for e in vols.list_files("notes"))
+    assert mode(path) == 0o700 and all(mode(path / r) == 0o700 for r in DURABLE_ROOTS)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "-x", "a/b", "a b", "x" * 65, "_x", "é"])
@@ -37,6 +48,7 @@ def test_write_read_list(vols: LocalVolumes) -> None:
     assert entry["path"] == "memory/sub/a.md" and entry["type"] == "file"
     assert entry["size"] == len("hello wörld".encode())
     assert vols.read_text("notes", "memory/sub/a.md") == "hello wörld"
+    assert mode(vols.root / "notes/memory/sub/a.md") == 0o600 and mode(vols.root / "notes/memory/sub") == 0o700
     vols.write("notes", "artifacts/b.bin", b"\x00\x01\x02\x03\x04")
     assert vols.read("notes", "artifacts/b.bin", offset=1, length=3) == b"\x01\x02\x03"
     assert vols.read("notes", "artifacts/b.bin", offset=3) == b"\x03\x04"
@@ -49,10 +61,15 @@ def test_write_read_list(vols: LocalVolumes) -> None:
     rec = vols.list_files("notes", recursive=True)
     assert [e["path"] for e in rec if e["type"] == "file"] == ["artifacts/b.bin", "memory/sub/a.md"]
     assert {e["path"]: e["size"] for e in rec}["artifacts/b.bin"] == 5
+    assert vols.stat("notes", "memory/sub/a.md")["size"] == len("hello wörld".encode())
 
     vols.write("notes", "memory/sub/a.md", "v2")  # overwrite
     assert vols.read_text("notes", "memory/sub/a.md") == "v2"
-    assert vols.list_volumes() == [{"name": "notes", "files": 2, "bytes": 7}]
+    assert [p.name for p in (vols.root / "notes/memory/sub").iterdir()] == ["a.md"]  # no temp file left
+    # Entries count files, folders and links alike (memory/sub is one).
+    assert vols.list_volumes() == [
+        {"name": "notes", "files": 3, "bytes": 7, "quota_bytes": 1024 * MB, "max_files": 100_000}
+    ]
 
 
 def test_missing_file_and_folder_errors(vols: LocalVolumes) -> None:
@@ -68,6 +85,8 @@ def test_missing_file_and_folder_errors(vols: LocalVolumes) -> None:
         vols.list_files("notes", "memory/f")
     with pytest.raises(VolumeError, match="is a folder"):
         vols.write("notes", "memory", "x")
+    with pytest.raises(VolumeError, match="is a file, not a folder"):
+        vols.write("notes", "memory/f/below", "x")
 
 
 def test_write_restricted_to_roots(vols: LocalVolumes) -> None:
@@ -80,10 +99,10 @@ def test_write_restricted_to_roots(vols: LocalVolumes) -> None:
     vols.write("notes", "buffers/a", "fine without roots")
 
 
-def test_write_roots_checked_after_symlinks(vols: LocalVolumes) -> None:
+def test_link_to_another_root_is_refused(vols: LocalVolumes) -> None:
     vol = vols.ensure("notes")
     (vol / "memory" / "sneaky").symlink_to(vol / "meta", target_is_directory=True)
-    with pytest.raises(VolumeError, match="outside"):
+    with pytest.raises(VolumeError, match="'memory/sneaky' in volume 'notes' is a symbolic link"):
         vols.write("notes", "memory/sneaky/x", "no", roots=WRITE_ROOTS)
     assert not (vol / "meta" / "x").exists()
 
@@ -99,6 +118,7 @@ def test_traversal_refused(vols: LocalVolumes, path: str) -> None:
         lambda: vols.write("notes", path, "x"),
         lambda: vols.delete("notes", path),
         lambda: vols.list_files("notes", path),
+        lambda: vols.stat("notes", path),
     ):
         with pytest.raises(VolumeError):
             op()
@@ -110,7 +130,7 @@ def test_escape_message(vols: LocalVolumes) -> None:
         vols.read("notes", "../x")
 
 
-def test_symlinks_outside_refused(vols: LocalVolumes, tmp_path: Path) -> None:
+def test_links_are_listed_never_followed(vols: LocalVolumes, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.txt").write_text("secret")
@@ -118,25 +138,45 @@ def test_symlinks_outside_refused(vols: LocalVolumes, tmp_path: Path) -> None:
     (vol / "memory" / "link").symlink_to(outside, target_is_directory=True)
     (vol / "memory" / "file_link").symlink_to(outside / "secret.txt")
     for path in ("memory/link/secret.txt", "memory/file_link"):
-        with pytest.raises(VolumeError, match="escapes"):
+        with pytest.raises(VolumeError, match="symbolic link"):
             vols.read("notes", path)
-        with pytest.raises(VolumeError, match="escapes"):
-            vols.write("notes", path, "pwned")
-    with pytest.raises(VolumeError, match="escapes"):
+    with pytest.raises(VolumeError, match="symbolic link"):
+        vols.write("notes", "memory/link/secret.txt", "pwned")
+    with pytest.raises(VolumeError, match="symbolic link"):
         vols.list_files("notes", "memory/link")
     assert (outside / "secret.txt").read_text() == "secret"
-    # Listing hides links pointing outside; deleting a link removes only the link.
-    assert vols.list_files("notes", "memory") == []
+    listing = {e["path"]: e for e in vols.list_files("notes", "memory", recursive=True)}
+    assert {p: e["type"] for p, e in listing.items()} == {"memory/file_link": "link", "memory/link": "link"}
+    assert all(e["size"] == 0 for e in listing.values())
+    assert vols.stat("notes", "memory/file_link")["type"] == "link"
+    with pytest.raises(VolumeError, match="'memory/file_link' in volume 'notes' is a symbolic link"):
+        vols.write("notes", "memory/file_link", "mine")
+    vols.delete("notes", "memory/file_link")  # removes the link only
     vols.delete("notes", "memory/link")
-    vols.delete("notes", "memory/file_link")
-    assert (outside / "secret.txt").read_text() == "secret"
+    assert (outside / "secret.txt").read_text() == "secret" and not (vol / "memory" / "link").exists()
 
 
-def test_symlink_inside_volume_is_fine(vols: LocalVolumes) -> None:
+def test_links_pointing_inside_are_refused_too(vols: LocalVolumes) -> None:
     vol = vols.ensure("notes")
     vols.write("notes", "memory/real.md", "hi")
     (vol / "artifacts" / "alias.md").symlink_to(vol / "memory" / "real.md")
-    assert vols.read_text("notes", "artifacts/alias.md") == "hi"
+    (vol / "artifacts" / "up").symlink_to(vol, target_is_directory=True)
+    with pytest.raises(VolumeError, match="never followed"):
+        vols.read("notes", "artifacts/alias.md")
+    with pytest.raises(VolumeError, match="symbolic link"):
+        vols.delete("notes", "artifacts/up/buffers")
+    assert (vol / "buffers").is_dir()
+
+
+def test_special_files_are_refused_without_blocking(vols: LocalVolumes) -> None:
+    vol = vols.ensure("notes")
+    os.mkfifo(vol / "memory" / "pipe")
+    with pytest.raises(VolumeError, match="'memory/pipe' in volume 'notes' is a named pipe"):
+        vols.read("notes", "memory/pipe")  # O_NONBLOCK: refused at once, never waits for a writer
+    assert vols.stat("notes", "memory/pipe")["type"] == "other"
+    assert [e["type"] for e in vols.list_files("notes", "memory")] == ["other"]
+    vols.delete("notes", "memory/pipe")
+    assert not (vol / "memory" / "pipe").exists()
 
 
 def test_delete(vols: LocalVolumes) -> None:
@@ -154,14 +194,6 @@ def test_delete(vols: LocalVolumes) -> None:
     assert all((vols.path("notes") / r).is_dir() for r in DURABLE_ROOTS)
 
 
-def test_delete_durable_root_via_symlink_refused(vols: LocalVolumes) -> None:
-    vol = vols.ensure("notes")
-    (vol / "artifacts" / "up").symlink_to(vol, target_is_directory=True)
-    with pytest.raises(VolumeError, match="durable"):
-        vols.delete("notes", "artifacts/up/buffers")
-    assert (vol / "buffers").is_dir()
-
-
 def test_delete_volume_and_list(vols: LocalVolumes, tmp_path: Path) -> None:
     assert vols.list_volumes() == []
     vols.ensure("a")
@@ -169,15 +201,94 @@ def test_delete_volume_and_list(vols: LocalVolumes, tmp_path: Path) -> None:
     outside = tmp_path / "keep.txt"
     outside.write_text("keep")
     os.symlink(outside, vols.path("b") / "memory" / "l")
-    assert vols.list_volumes() == [
-        {"name": "a", "files": 0, "bytes": 0},
-        {"name": "b", "files": 1, "bytes": 5},
-    ]
+    assert [(v["name"], v["files"], v["bytes"]) for v in vols.list_volumes()] == [("a", 0, 0), ("b", 2, 5)]
     vols.delete_volume("b")
     assert [v["name"] for v in vols.list_volumes()] == ["a"]
     assert outside.read_text() == "keep"
     with pytest.raises(VolumeError, match="no volume"):
         vols.delete_volume("b")
+
+
+def test_a_volume_folder_that_is_a_link_is_never_used(vols: LocalVolumes, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    (target / "memory").mkdir(parents=True)
+    (target / "memory" / "keep.txt").write_text("keep")
+    vols.ensure("real")
+    (vols.root / "evil").symlink_to(target, target_is_directory=True)
+    assert [v["name"] for v in vols.list_volumes()] == ["real"]
+    for op in (
+        lambda: vols.path("evil"),
+        lambda: vols.read("evil", "memory/keep.txt"),
+        lambda: vols.write("evil", "memory/new.txt", "x"),
+        lambda: vols.delete_volume("evil"),
+    ):
+        with pytest.raises(VolumeError, match=r"symbolic link|not a folder"):
+            op()
+    assert sorted(p.name for p in (target / "memory").iterdir()) == ["keep.txt"]
+
+
+# -- quotas ---------------------------------------------------------------------------------------
+
+
+def test_host_writes_over_quota_are_refused(tmp_path: Path) -> None:
+    vols = LocalVolumes(tmp_path / "volumes", quota_mb=1, max_files=4)
+    vols.write("q", "memory/a.bin", b"x" * (MB // 2))
+    vols.write("q", "memory/a.bin", b"x" * (MB - 10))  # replacing a file counts only the difference
+    with pytest.raises(VolumeError, match=r"would be over quota.*FLEET_VOLUME_QUOTA_MB"):
+        vols.write("q", "memory/b.bin", b"x" * 100)
+    assert not (vols.root / "q/memory/b.bin").exists()
+    vols.write("q", "memory/a.bin", b"small")
+    vols.write("q", "memory/d/e.txt", b"1")  # a folder and a file: 3 entries
+    with pytest.raises(VolumeError, match=r"entries.*FLEET_VOLUME_MAX_FILES"):
+        vols.write("q", "memory/f/g.txt", b"1")
+    assert not (vols.root / "q/memory/f").exists()
+
+
+def test_enforce_quota_removes_only_the_steps_excess(tmp_path: Path) -> None:
+    vols = LocalVolumes(tmp_path / "volumes", quota_mb=1)
+    vol = vols.ensure("q")
+    (vol / "memory" / "old.bin").write_bytes(b"o" * (MB // 2))
+    since = time.time()
+    assert vols.enforce_quota("q", since) is None  # within quota: nothing to do
+    time.sleep(0.1)  # lets the old file's ctime fall before the step's start even on a coarse clock
+    since = time.time()
+    (vol / "artifacts" / "first.bin").write_bytes(b"f" * (MB // 4))
+    (vol / "artifacts" / "second.bin").write_bytes(b"s" * (MB // 2))
+    os.utime(vol / "artifacts" / "second.bin", (1, 1))  # a backdated mtime does not hide it: ctime is now
+    message = vols.enforce_quota("q", since)
+    assert message is not None
+    assert "volume q is over quota" in message and "FLEET_VOLUME_QUOTA_MB" in message
+    assert "removed 1 entry" in message and "artifacts/second.bin" in message
+    assert (vol / "memory" / "old.bin").exists() and (vol / "artifacts" / "first.bin").exists()
+    assert not (vol / "artifacts" / "second.bin").exists()
+    assert vols.usage("q").bytes <= MB
+    assert vols.enforce_quota("q", since) is None
+
+
+def test_enforce_quota_never_removes_older_data(tmp_path: Path) -> None:
+    vol = LocalVolumes(tmp_path / "volumes").ensure("q")
+    (vol / "memory" / "old.bin").write_bytes(b"o" * (2 * MB))
+    time.sleep(0.1)
+    since = time.time()
+    (vol / "memory" / "new.bin").write_bytes(b"n" * 10)
+    (vol / "memory" / "newdir").mkdir()
+    lowered = LocalVolumes(tmp_path / "volumes", quota_mb=1)  # the limit was lowered below the old data
+    message = lowered.enforce_quota("q", since)
+    assert message is not None and "Still over" in message and "older data is never removed" in message
+    assert (vol / "memory" / "old.bin").stat().st_size == 2 * MB
+    assert not (vol / "memory" / "new.bin").exists() and not (vol / "memory" / "newdir").exists()
+
+
+def test_enforce_quota_counts_entries(tmp_path: Path) -> None:
+    vols = LocalVolumes(tmp_path / "volumes", max_files=10)
+    vol = vols.ensure("q")
+    since = time.time()
+    for i in range(30):
+        (vol / "buffers" / f"d{i}").mkdir()
+    (vol / "buffers" / "d0" / "x").write_text("x")
+    message = vols.enforce_quota("q", since)
+    assert message is not None and "FLEET_VOLUME_MAX_FILES" in message
+    assert vols.usage("q").files == 10
 
 
 def test_parse_volume_ref() -> None:
@@ -192,7 +303,7 @@ def test_parse_volume_ref() -> None:
     assert volume_uri("notes") == "vol:notes"
 
 
-_segments = st.sampled_from(["..", ".", "", "memory", "a", "..\\..", "/", "\x00", "~", "b.md"]) | st.text(
+_segments = st.sampled_from(["..", ".", "", "memory", "a", "..\\..", "/", "\x00", "~", "b.md", "out"]) | st.text(
     max_size=6
 )
 _paths = st.lists(_segments, max_size=6).map("/".join) | st.text(max_size=20)
@@ -212,14 +323,12 @@ def test_random_paths_never_leave_the_volume(tmp_path: Path, path: str, data: by
     except (VolumeError, OSError):
         pass
     else:
-        written = (vol / entry["path"]).resolve()
-        assert written.is_relative_to(vol)
+        written = vol / entry["path"]
+        assert not written.is_symlink() and written.resolve().is_relative_to(vol)
         assert vols.read("v", entry["path"]) == data
-    try:
-        resolved, _ = vols._resolve("v", path)
-    except VolumeError:
-        pass
-    else:
-        assert resolved.is_relative_to(vol)
+    for op in (vols.read, vols.delete, vols.list_files):
+        with contextlib.suppress(VolumeError, OSError):
+            op("v", path)
     after = {p for p in outside.rglob("*") if not p.is_relative_to(vol)}
-    assert after == before, "something was created outside the volume"
+    assert after == before, "something was created or removed outside the volume"
+    (vol / "memory" / "out").unlink(missing_ok=True)

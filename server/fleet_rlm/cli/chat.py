@@ -34,7 +34,7 @@ class Chat:
         self.last_run: str | None = None
 
     async def ask(self, question: str) -> None:
-        from fleet_rlm.core.run import RunRequest
+        from fleet_rlm.core.types import RunRequest
 
         if self.session_id is None:
             self.session_id = await self.engine.open_session(name="terminal chat")

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--context", "-c", action="append", default=[], metavar="PATH",
                      help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)")
     run.add_argument("--text", "-t", action="append", default=[], help="pasted text as context (repeatable)")
+    run.add_argument("--include-hidden", action="store_true",
+                     help="read hidden files, .git/node_modules/.venv and .gitignore'd paths of context folders")
     run.add_argument("--session", help="continue in a session's REPL")
     run.add_argument("--volume", help="mount only this volume (created if new); default: all volumes")
     _limits(run)
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the model, sandbox, keyring, store and Daytona settings")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument("--offline", action="store_true", help="skip the model reachability call")
+    doctor.add_argument("--strict", action="store_true", help="exit 2 when a sandbox cap is not enforced")
 
     cfg = sub.add_parser("config", help="get and set settings (secrets go to the OS keyring)")
     csub = cfg.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -84,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP: interface (default loopback)")
     mcp.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
     mcp.add_argument("--allow-remote", action="store_true",
-                     help="HTTP: allow a non-loopback host; requires FLEET_MCP_TOKEN")
+                     help="HTTP: allow a non-loopback host (authentication stays on)")
+    mcp.add_argument("--no-auth", action="store_true",
+                     help="HTTP: serve without a bearer token (default: FLEET_MCP_TOKEN, else one printed at launch)")
 
     chat = sub.add_parser("chat", help="interactive session in the terminal")
     chat.add_argument("--context", "-c", action="append", default=[], metavar="PATH")
@@ -112,7 +117,8 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     from fleet_rlm.mcp.server import main as mcp_main
 
     argv = ["--transport", args.transport, "--host", args.host, "--port", str(args.port)]
-    return mcp_main(argv + (["--allow-remote"] if args.allow_remote else []))
+    flags = [flag for flag, on in (("--allow-remote", args.allow_remote), ("--no-auth", args.no_auth)) if on]
+    return mcp_main(argv + flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

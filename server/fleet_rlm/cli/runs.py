@@ -33,13 +33,13 @@ def read_stdin_contexts(paths: list[str]) -> tuple[list[str], list[str]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.run import RunRequest
+    from fleet_rlm.core.types import RunRequest
 
     settings = settings_for(args)
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
         question=args.question, context_paths=paths, context_text=stdin_texts + args.text,
-        session_id=args.session, volume=args.volume, **limit_overrides(args),
+        session_id=args.session, volume=args.volume, include_hidden=args.include_hidden, **limit_overrides(args),
     )
 
     async def go() -> Any:

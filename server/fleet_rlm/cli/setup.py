@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import getpass
 import os
+import sys
+from typing import Any
 
 from fleet_rlm import config as cfg
 from fleet_rlm.cli.common import print_json
@@ -82,9 +84,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         for name, item in report.items():
             mark = "ok " if item["ok"] else "!! "
-            print(f"{mark} {name:<8} {item['detail']}")
+            print(f"{mark} {name:<8} {item['detail'] if name != 'caps' else _caps_summary(item)}")
+            for line in item.get("not_enforced", []):
+                print(f"             NOT ENFORCED: {line}")
             if item.get("fix"):
                 print(f"             fix: {item['fix']}")
-    # Only a model that cannot answer stops runs; the rest degrade with a warning.
-    return 0 if report["model"]["ok"] else 1
+    # Only a model that cannot answer stops runs; the rest degrade with a warning, unless --strict.
+    if not report["model"]["ok"]:
+        return 1
+    missing = report.get("caps", {}).get("not_enforced", [])
+    if args.strict and missing:
+        print(f"doctor --strict: {len(missing)} sandbox cap(s) not enforced (see above)", file=sys.stderr)
+        return 2
+    return 0
 
+
+def _caps_summary(item: dict[str, Any]) -> str:
+    enforced = [r["name"] for r in item["caps"] if r["enforced"]]
+    return f"enforced: {', '.join(enforced) or 'none'}"

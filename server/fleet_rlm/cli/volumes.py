@@ -19,8 +19,9 @@ def _split(target: str) -> tuple[str, str]:
 def cmd_volumes(args: argparse.Namespace) -> int:
     from fleet_rlm.config import load_settings
     from fleet_rlm.volumes import LocalVolumes
+    from fleet_rlm.volumes.quota import human
 
-    volumes = LocalVolumes(load_settings().volumes_root)
+    volumes = LocalVolumes.from_settings(load_settings())
     if args.action == "ls":
         if not args.target:
             rows = volumes.list_volumes()
@@ -30,7 +31,11 @@ def cmd_volumes(args: argparse.Namespace) -> int:
             if not rows:
                 print("no volumes yet: `fleet-rlm volumes put FILE NAME/memory/FILE` creates one")
             for v in rows:
-                print(f"{v['name']:<24} {v['files']:>6} files {v['bytes']:>12,} bytes")
+                share = max(v["bytes"] / v["quota_bytes"], v["files"] / v["max_files"])
+                print(
+                    f"{v['name']:<24} {v['files']:>7,} entries {v['bytes']:>14,} bytes  {share:>4.0%} of quota "
+                    f"({human(v['quota_bytes'])}, {v['max_files']:,} entries)"
+                )
             return 0
         name, path = _split(args.target)
         rows = volumes.list_files(name, path, recursive=True)
@@ -38,7 +43,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
             print_json(rows)
             return 0
         for f in rows:
-            print(f"{f['type']:<4} {f.get('size') or 0:>12,}  {f['path']}")
+            print(f"{f['type']:<5} {f.get('size') or 0:>12,}  {f['path']}")
         return 0
     name, path = _split(args.target)
     if args.action == "cat":
@@ -46,8 +51,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
         return 0
     if args.action == "put":
         data = sys.stdin.buffer.read() if args.source == "-" else Path(args.source).read_bytes()
-        volumes.ensure(name)
-        volumes.write(name, path, data)
+        volumes.write(name, path, data)  # creates the volume; refuses links and writes over quota
         print(f"wrote {len(data):,} bytes to {name}/{path}")
         return 0
     volumes.delete(name, path)

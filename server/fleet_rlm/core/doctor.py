@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from fleet_rlm import config as cfg
@@ -27,25 +26,16 @@ async def _check_model(settings: cfg.Settings, offline: bool) -> dict[str, Any]:
 
 
 async def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[str, dict[str, Any]]:
-    from fleet_rlm.sandbox.local import detect_isolation
+    from fleet_rlm.sandbox.base import SandboxError, get_backend
 
     report: dict[str, dict[str, Any]] = {"model": await _check_model(settings, offline)}
-    level, detail = detect_isolation()
-    sandbox: dict[str, Any] = {"ok": level == "bwrap", "isolation": level, "detail": detail}
-    if level != "bwrap":
-        sandbox["fix"] = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) to isolate code"
-    elif os.geteuid() == 0:
-        sandbox["detail"] += "; running as root, so the process-count cap is not enforced"
-    report["sandbox"] = sandbox
+    try:  # each backend checks itself (isolation, caps, credentials)
+        report.update(get_backend(settings.sandbox).doctor(settings))
+    except SandboxError as exc:
+        report["sandbox"] = {"ok": False, "detail": str(exc), "fix": "set FLEET_SANDBOX=local"}
     usable, backend = cfg.keyring_status()
     report["keyring"] = {"ok": usable, "detail": backend}
     if not usable:
         report["keyring"]["fix"] = "set keys as environment variables, or install and unlock a Secret Service"
-    report["store"] = {"ok": True, "detail": str(settings.store_path),
-                       "exists": settings.store_path.exists()}
-    daytona = {"api_key": settings.daytona_api_key is not None, "api_url": settings.daytona_api_url,
-               "target": settings.daytona_target}
-    report["daytona"] = {"ok": settings.sandbox != "daytona", "detail": daytona}
-    if settings.sandbox == "daytona":
-        report["daytona"]["fix"] = "the Daytona sandbox is not available in this version: set FLEET_SANDBOX=local"
+    report["store"] = {"ok": True, "detail": str(settings.store_path), "exists": settings.store_path.exists()}
     return report

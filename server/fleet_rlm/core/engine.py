@@ -22,8 +22,10 @@ from typing import Any
 from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.context import ContextError
 from fleet_rlm.core.events import EventBus
-from fleet_rlm.core.run import RunContext, RunRequest, RunResult, load_inputs, make_sandbox
-from fleet_rlm.store import RunRecord, Store
+from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
+from fleet_rlm.core.types import RunRequest, RunResult
+from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
+from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
 from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,9 @@ class Session:
 
     id: str
     work_dir: Path
-    sandbox: Any = None
+    sandbox: Sandbox | None = None
     has_context: bool = False
+    started: bool = False  # its sandbox ran once, so "not alive" now means it died
     lost_state: bool = False  # the REPL died (or its process did) since the last run
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
@@ -55,7 +58,7 @@ class Engine:
         self.settings = settings or load_settings()
         self.store: Store | None = None
         self.bus: EventBus | None = None
-        self.volumes = LocalVolumes(self.settings.volumes_root)
+        self.volumes = LocalVolumes.from_settings(self.settings)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, Session] = {}
         self._program: Any = None
@@ -63,19 +66,29 @@ class Engine:
         self._reaper: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Engine:
-        self.settings.home.mkdir(parents=True, exist_ok=True)
+        self.settings.make_home()
         self.store = Store(self.settings.store_path)
         self.bus = EventBus(self.store)
         interrupted = self.store.mark_interrupted()
         if interrupted:
             log.warning("marked %d run(s) interrupted: their process stopped", len(interrupted))
-        for run_id in interrupted:  # their scratch folders have no owner any more
-            shutil.rmtree(self.settings.work_root / run_id, ignore_errors=True)
+        self._remove_orphaned_scratch()
         self._reaper = asyncio.create_task(self._reap_idle_sessions())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def _remove_orphaned_scratch(self) -> None:
+        """Remove scratch folders of runs that ended without cleaning up (their process was killed).
+
+        Whoever noticed the death first (this start, or any read of the run) recorded it, so
+        look at the folders, not at what this start marked."""
+        store = self._require_store()
+        for folder in self.settings.work_root.iterdir():
+            row = store.get_run(folder.name)
+            if row is not None and row.status not in ACTIVE_STATUSES:
+                shutil.rmtree(folder, ignore_errors=True)
 
     async def close(self) -> None:
         if self._reaper:
@@ -104,10 +117,10 @@ class Engine:
         if not req.question or not req.question.strip():
             raise ValueError("the question is empty: say what you want to know")
         self._models()  # raises ConfigError with the fix when no model is set
-        if self.settings.sandbox != "local":  # never run somewhere other than asked
-            raise ConfigError(
-                f"the {self.settings.sandbox} sandbox is not available in this version: set FLEET_SANDBOX=local"
-            )
+        try:  # never run somewhere other than asked
+            get_backend(self.settings.sandbox)
+        except SandboxError as exc:
+            raise ConfigError(f"{exc}: set FLEET_SANDBOX=local") from None
         roots = self.settings.allowed_context_roots
         for spec in req.context_paths:
             if parse_volume_ref(spec) is not None:
@@ -223,46 +236,45 @@ class Engine:
         emit = self._emit(run_id)
         started = time.time()
         store.update_run(run_id, status="running", started_at=started)
-        limits = req.limits(self.settings)
+        limits = limits_for(req, self.settings)
         emit("run.started", {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id})
         ctx: RunContext | None = None
         status, answer, stop_reason, error = "failed", None, None, None
-        work = self.settings.work_root / run_id
+        scratch = self.settings.work_root / run_id  # host-only: no sandbox sees or writes it
         session: Session | None = None
-        sandbox = None
         holds_lock = False
         try:
+            scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
             if req.session_id:
                 session = await self._session(req.session_id)
                 await session.lock.acquire()
                 holds_lock = True
-                work, sandbox = session.work_dir, session.sandbox
                 if session.lost_state:
                     emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
                                      "sandbox or process stopped); this run starts a fresh REPL"})
                     session.lost_state = False
-            ctx = self._run_context(run_id, emit, limits, work, self.mounted_volumes(req.volume))
-            if sandbox is None:
-                sandbox = ctx.new_sandbox(work)
-            await sandbox.start()
-            if sandbox.isolation == "none":
-                emit("warning", {"message": "code runs WITHOUT isolation (bubblewrap not available): "
-                                 "install the 'bubblewrap' package to sandbox it"})
-            staged = await load_inputs(
-                sandbox, work, req.question, paths=req.context_paths, texts=req.context_text,
-                volumes=self.volumes, roots=self.settings.allowed_context_roots,
-                keep_context=bool(session and session.has_context),
-            )
-            if staged is not None:
-                emit("context.loaded", {"chars": staged.length, "sources": len(staged.sources),
-                                        "skipped": staged.skipped[:50], "report": staged.report()})
+            ctx = self._run_context(run_id, emit, limits, scratch, self.mounted_volumes(req.volume))
+            spec = ctx.sandbox_spec("root")
+            async with open_sandbox(self.settings, spec, session.sandbox if session else None) as sandbox:
                 if session is not None:
-                    session.has_context = True
-            from fleet_rlm.core.node import NodeRuntime
+                    session.started = True
+                for message in sandbox.warnings:
+                    emit("warning", {"message": message})
+                staged = await load_inputs(
+                    sandbox, ctx.inputs_file("root"), req.question, paths=req.context_paths,
+                    texts=req.context_text, volumes=self.volumes, roots=self.settings.allowed_context_roots,
+                    keep_context=bool(session and session.has_context), include_hidden=req.include_hidden,
+                )
+                if staged is not None:
+                    emit("context.loaded", {"chars": staged.length, "sources": len(staged.sources),
+                                            "skipped": staged.skipped[:50], "report": staged.report()})
+                    if session is not None:
+                        session.has_context = True
+                from fleet_rlm.core.node import NodeRuntime
 
-            root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,
-                               sandbox=sandbox, staged=staged)
-            result = await ctx.run_node(root)
+                root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,
+                                   sandbox=sandbox, staged=staged)
+                result = await ctx.run_node(root)
             status, answer, stop_reason = result.status, result.answer, result.stop_reason
             if answer is None:
                 error = f"no answer: {stop_reason}"
@@ -282,10 +294,7 @@ class Engine:
                 session.last_used = time.monotonic()
                 if holds_lock:
                     session.lock.release()
-            elif sandbox is not None:
-                await sandbox.shutdown()
-            if session is None:
-                shutil.rmtree(work, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
             self._finish(run_id, ctx, status, answer, stop_reason, error, started)
 
     def _models(self) -> tuple[Any, Any]:
@@ -297,7 +306,7 @@ class Engine:
         return self._lms
 
     def _run_context(
-        self, run_id: str, emit: Any, limits: Any, work: Path, volumes: dict[str, Path]
+        self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path]
     ) -> RunContext:
         from fleet_rlm.core.program import RLMProgram
 
@@ -306,7 +315,8 @@ class Engine:
         root_lm, sub_lm = self._models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
-            root_lm=root_lm, sub_lm=sub_lm, program=self._program, work_dir=work, volumes=volumes,
+            root_lm=root_lm, sub_lm=sub_lm, program=self._program, scratch=scratch, volumes=volumes,
+            volume_store=self.volumes,
         )
 
     def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
@@ -335,17 +345,18 @@ class Engine:
     async def _session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
-            work = self.settings.work_root / session_id
-            session = Session(session_id, work)
+            # The REPL's own folder, inside a host-only session folder.
+            session = Session(session_id, self.settings.work_root / session_id / "repl")
             # Runs from an earlier process: their REPL state did not survive it.
             session.lost_state = bool(self._require_store().list_runs(session_id=session_id, limit=2)[1:])
             self._sessions[session_id] = session
         box = session.sandbox
-        died = box is not None and box.pid is not None and not box.alive  # started, then stopped
+        died = box is not None and session.started and not box.alive
         if box is None or died:
             session.lost_state = session.lost_state or died
-            session.sandbox = make_sandbox(self.settings, session.work_dir, self.mounted_volumes())
-            session.has_context = False
+            spec = sandbox_spec(self.settings, session.work_dir, self.mounted_volumes())
+            session.sandbox = create_sandbox(self.settings, spec)
+            session.has_context = session.started = False
         self._require_store().touch_session(session_id)
         return session
 
@@ -364,7 +375,7 @@ class Engine:
     async def _discard(self, session: Session) -> None:
         """Stop a session's REPL and remove its scratch folder (the store row is untouched)."""
         await self._drop_sandbox(session)
-        shutil.rmtree(session.work_dir, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, session.work_dir.parent, ignore_errors=True)
 
     async def close_session(self, session_id: str) -> None:
         session = self._sessions.pop(session_id, None)

@@ -22,13 +22,14 @@ Kinds:
 - ``warning`` -- something worth showing that did not stop the run.
 - ``context.loaded`` -- the inputs reached the REPL (chars, sources, skipped files, report).
 
-Secrets never reach events: ``publish`` passes data through ``redact``.
+Secrets never reach events: the store passes every event's data through
+``fleet_rlm.redaction.redact`` (configured secret values and key-shaped strings) before
+writing it, and subscribers only ever see what was stored.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from fleet_rlm.store import Store
 from fleet_rlm.store.store import EVENT_VERSION
 
-__all__ = ["EVENT_KINDS", "EVENT_VERSION", "RUN_FINISHED", "EventBus", "redact"]
+__all__ = ["EVENT_KINDS", "EVENT_VERSION", "RUN_FINISHED", "EventBus"]
 
 RUN_FINISHED = "run.finished"
 EVENT_KINDS = frozenset(
@@ -52,47 +53,6 @@ EVENT_KINDS = frozenset(
         "context.loaded",
     }
 )
-
-# -- redaction -----------------------------------------------------------------
-
-MASK = "***"
-_SECRET_KEY_PARTS = ("api_key", "key", "token", "password", "secret", "authorization")
-# Usage counters ("prompt_tokens", "max_tokens", ...) contain "token" but are
-# not secrets, and masking them would break cost reporting.
-_NOT_SECRET_KEY = re.compile(r"tokens", re.IGNORECASE)
-# Not preceded by a letter/digit, so "task-..." is left alone but "KEY_sk-..." is not.
-_SECRET_VALUE = re.compile(
-    r"(?<![A-Za-z0-9])(?:"
-    r"sk-[A-Za-z0-9_\-]{8,}"  # OpenAI / Anthropic style keys
-    r"|Bearer\s+[A-Za-z0-9._~+/=\-]{8,}"  # HTTP authorization values (not "bearer of")
-    r"|(?:ghp|gho|github_pat|hf|xox[abp])_[A-Za-z0-9_]{16,}"  # GitHub, Hugging Face, Slack
-    r")",
-    re.IGNORECASE,
-)
-
-
-def _secret_key(key: object) -> bool:
-    k = str(key).lower()
-    return any(part in k for part in _SECRET_KEY_PARTS) and not _NOT_SECRET_KEY.search(k)
-
-
-def redact(data: Any) -> Any:
-    """Return a copy of ``data`` with secret-looking values masked.
-
-    Values under keys that look secret (``api_key``, ``token``, ``password``,
-    ... matched case-insensitively as substrings) become ``"***"``; key-like
-    substrings (``sk-...``, ``Bearer ...``) inside any string are masked too.
-    """
-    if isinstance(data, dict):
-        return {
-            k: (MASK if v is not None else None) if _secret_key(k) else redact(v) for k, v in data.items()
-        }
-    if isinstance(data, list | tuple):
-        return [redact(v) for v in data]
-    if isinstance(data, str):
-        return _SECRET_VALUE.sub(MASK, data)
-    return data
-
 
 # -- bus -----------------------------------------------------------------------
 
@@ -147,8 +107,8 @@ class EventBus:
         parent: str | None = None,
         depth: int = 0,
     ) -> dict[str, Any]:
-        """Store the event (redacted), then deliver it to live subscribers. Thread-safe."""
-        event = self._store.append_event(run_id, kind, redact(data), node=node, parent=parent, depth=depth)
+        """Store the event (the store redacts it), then deliver it to live subscribers. Thread-safe."""
+        event = self._store.append_event(run_id, kind, data, node=node, parent=parent, depth=depth)
         with self._lock:
             targets = [s for s in self._subs if s.run_id is None or s.run_id == run_id]
         try:
@@ -192,6 +152,9 @@ class EventBus:
             batch: list[dict[str, Any]] = []
             if run_id is not None:
                 last[run_id] = after_seq
+                # Reading the run closes it out if its owner process died: the replay then ends
+                # with that run.finished instead of waiting for events that will never come.
+                await asyncio.to_thread(self._store.get_run, run_id)
                 batch = await self._read_after(run_id, after_seq)
                 if not batch and await self._finished_by(run_id, after_seq):
                     return

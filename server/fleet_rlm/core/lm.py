@@ -28,6 +28,7 @@ from dspy.utils.exceptions import (
 )
 
 from fleet_rlm.config import ConfigError, Settings
+from fleet_rlm.redaction import redact_text
 
 T = TypeVar("T")
 
@@ -158,24 +159,30 @@ def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
             timeout=settings.lm_timeout,
         )
     except (ValueError, LMConfigurationError) as exc:  # e.g. reasoning models refuse a small max_tokens
-        raise ConfigError(f"{model} cannot be used with these settings (FLEET_LM_MAX_TOKENS?): {exc}") from None
+        raise ConfigError(
+            redact_text(f"{model} cannot be used with these settings (FLEET_LM_MAX_TOKENS?): {exc}")
+        ) from None
 
 
 def explain_lm_error(exc: BaseException, lm: dspy.LM | None = None) -> str:
-    """One sentence that says what went wrong with the model and how to fix it."""
+    """One sentence that says what went wrong with the model and how to fix it.
+
+    Secrets are masked: providers' error texts may echo the request's key or headers, and this
+    sentence reaches run errors, events, MCP replies and the sandbox's code."""
+    return redact_text(_explain(exc, lm))
+
+
+def _explain(exc: BaseException, lm: dspy.LM | None) -> str:
     model = getattr(lm, "model", "the model")
     base = (getattr(lm, "kwargs", {}) or {}).get("api_base")
     where = f" at {base}" if base else ""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if isinstance(exc, LMAuthError):
         return (
-            f"{model}{where} rejected the API key: set a valid FLEET_LM_API_KEY "
-            "(or `fleet-rlm config set lm_api_key`)."
+            f"{model}{where} rejected the API key: set a valid FLEET_LM_API_KEY (or `fleet-rlm config set lm_api_key`)."
         )
     if isinstance(exc, LMTransportError):
-        return (
-            f"cannot reach {model}{where} ({first}): check FLEET_LM_API_BASE and that the server is running."
-        )
+        return f"cannot reach {model}{where} ({first}): check FLEET_LM_API_BASE and that the server is running."
     if isinstance(exc, LMRateLimitError):
         return f"{model} is rate limiting requests and retries ran out: wait, or lower FLEET_CONCURRENCY."
     if isinstance(exc, LMTimeoutError):

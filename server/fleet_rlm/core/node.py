@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,8 @@ from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
 from fleet_rlm.core.lm import CallUsage, explain_lm_error, metered
 from fleet_rlm.core.program import cap_middle, extract_code
-from fleet_rlm.sandbox.local import LocalSandbox
+from fleet_rlm.redaction import redact_text
+from fleet_rlm.sandbox.base import Sandbox
 
 if TYPE_CHECKING:
     from fleet_rlm.core.run import RunContext
@@ -46,7 +48,7 @@ class NodeRuntime:
         parent: str | None,
         depth: int,
         query: str,
-        sandbox: LocalSandbox,
+        sandbox: Sandbox,
         staged: StagedContext | None,
     ) -> None:
         self.run = run
@@ -101,8 +103,8 @@ class NodeRuntime:
             async with gate:
                 try:
                     return await self.run.child(self, prompts[i], contexts[i] if contexts else None)
-                except Exception as exc:
-                    return f"[ERROR] {exc}"
+                except Exception as exc:  # a child's model error may quote the key: mask it
+                    return f"[ERROR] {redact_text(str(exc))}"
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
@@ -199,12 +201,14 @@ class NodeRuntime:
             return Outcome(shown, None)
         # A step never outlives the run's wall-time budget.
         timeout = min(self.run.settings.exec_timeout, max(1.0, self.budget.seconds_left))
+        started = time.time()  # what this step writes is what a volume quota may remove
         result = await self.sandbox.execute(code, timeout=timeout)
         parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
         if result.value is not None:
             parts.append(f"Out: {result.value}")
         if result.error:
             parts.append(f"Error: {result.error}")
+        parts += [f"Warning: {m}" for m in await self.enforce_volume_quotas(started)]
         raw = "\n".join(parts)
         final = _answer_text(result.final) if result.final is not None else None
         shown = cap_middle(raw, self.run.settings.output_chars) if raw else "(no output: print what you need to see)"
@@ -222,6 +226,19 @@ class NodeRuntime:
             },
         )
         return Outcome(shown, final)
+
+    async def enforce_volume_quotas(self, since: float) -> list[str]:
+        """Trim each volume this sandbox mounts back under its quota; the messages are also warnings."""
+        store = self.run.volume_store
+        if store is None:
+            return []
+        messages = []
+        for name in self.sandbox.volume_paths:
+            message = await asyncio.to_thread(store.enforce_quota, name, since)
+            if message:
+                self.warn(message)
+                messages.append(message)
+        return messages
 
 
 def usage_fields(usage: CallUsage | None) -> dict[str, Any]:

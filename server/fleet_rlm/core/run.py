@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,56 +16,11 @@ from fleet_rlm.core.context import StagedContext, stage_context
 from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
 from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
-from fleet_rlm.sandbox.local import LocalSandbox
+from fleet_rlm.core.types import RunRequest
+from fleet_rlm.sandbox.base import Sandbox, SandboxSpec, create_sandbox
+from fleet_rlm.volumes import LocalVolumes
 
 Emit = Callable[..., dict[str, Any]]
-
-
-@dataclass
-class RunRequest:
-    """What a face asks for. Limits left as None take the settings' values."""
-
-    question: str
-    context_paths: list[str] = field(default_factory=list)
-    context_text: list[str] = field(default_factory=list)
-    session_id: str | None = None
-    volume: str | None = None
-    max_iters: int | None = None
-    max_depth: int | None = None
-    max_llm_calls: int | None = None
-    max_seconds: float | None = None
-    max_cost: float | None = None
-
-    def limits(self, settings: Settings) -> Limits:
-        return Limits(
-            max_iters=self.max_iters or settings.max_iters,
-            max_llm_calls=self.max_llm_calls or settings.max_llm_calls,
-            max_depth=settings.max_depth if self.max_depth is None else self.max_depth,
-            max_seconds=self.max_seconds or settings.max_seconds,
-            max_cost=self.max_cost if self.max_cost is not None else settings.max_cost,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dict(self.__dict__)
-        data["context_text"] = [f"({len(t):,} chars)" for t in self.context_text]  # keep rows small
-        return data
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    status: str
-    answer: str | None
-    iterations: int
-    llm_calls: int
-    usage: dict[str, Any]
-    seconds: float
-    stop_reason: str | None = None
-    error: str | None = None
-    session_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class RunContext:
@@ -81,8 +36,9 @@ class RunContext:
         root_lm: MeteredLM,
         sub_lm: MeteredLM,
         program: RLMProgram,
-        work_dir: Path,
+        scratch: Path,
         volumes: dict[str, Path],
+        volume_store: LocalVolumes | None = None,
     ) -> None:
         self.run_id = run_id
         self.settings = settings
@@ -94,8 +50,9 @@ class RunContext:
         self.sub_lm = sub_lm
         self.adapter = TranscriptAdapter()
         self.program = program
-        self.work_dir = work_dir
+        self.scratch = scratch  # host-only folder of this run: staged inputs and one folder per sandbox
         self.volumes = volumes
+        self.volume_store = volume_store  # enforces volume quotas after each step
         self.subcall_gate = asyncio.Semaphore(settings.concurrency)
         self.iterations = 0
         self._batches = 0
@@ -109,8 +66,13 @@ class RunContext:
         self._batches += 1
         return self._batches
 
-    def new_sandbox(self, work_dir: Path) -> LocalSandbox:
-        return make_sandbox(self.settings, work_dir, self.volumes)
+    def sandbox_spec(self, node: str) -> SandboxSpec:
+        """A fresh folder per node, side by side in the host-only scratch folder: never inside
+        another sandbox's tree, so no sandbox can plant a link where a child's folder goes."""
+        return sandbox_spec(self.settings, self.scratch / f"node-{node}", self.volumes)
+
+    def inputs_file(self, node: str) -> Path:
+        return self.scratch / f"context-{node}.txt"
 
     async def run_node(self, runtime: NodeRuntime) -> NodeResult:
         await runtime.sandbox.register_functions(runtime.host_functions())
@@ -127,8 +89,6 @@ class RunContext:
         index = self._children.get(parent.node, 0) + 1
         self._children[parent.node] = index
         node = f"{parent.node}.{index}"
-        work = self.work_dir / node
-        sandbox = self.new_sandbox(work)
         started = time.monotonic()
         self.emit(
             "child.started",
@@ -140,18 +100,18 @@ class RunContext:
         result: NodeResult | None = None
         error: str | None = None
         try:
-            await sandbox.start()
-            staged = await load_inputs(sandbox, work, prompt, texts=[context] if context else [])
-            runtime = NodeRuntime(
-                self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged
-            )
-            result = await self.run_node(runtime)
+            async with open_sandbox(self.settings, self.sandbox_spec(node)) as sandbox:
+                staged = await load_inputs(
+                    sandbox, self.inputs_file(node), prompt, texts=[context] if context else []
+                )
+                runtime = NodeRuntime(
+                    self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged
+                )
+                result = await self.run_node(runtime)
         except Exception as exc:
             error = str(exc)
             raise
         finally:
-            await sandbox.shutdown()
-            shutil.rmtree(work, ignore_errors=True)
             self.emit(
                 "child.finished",
                 {
@@ -171,20 +131,47 @@ class RunContext:
         return result.answer
 
 
-def make_sandbox(settings: Settings, work_dir: Path, volumes: dict[str, Path]) -> LocalSandbox:
-    """A sandbox with the settings' limits and the given volumes mounted."""
-    return LocalSandbox(
-        work_dir,
+def limits_for(req: RunRequest, settings: Settings) -> Limits:
+    """The request's limits, the settings' values where it leaves one unset."""
+    return Limits(
+        max_iters=req.max_iters or settings.max_iters,
+        max_llm_calls=req.max_llm_calls or settings.max_llm_calls,
+        max_depth=settings.max_depth if req.max_depth is None else req.max_depth,
+        max_seconds=req.max_seconds or settings.max_seconds,
+        max_cost=req.max_cost if req.max_cost is not None else settings.max_cost,
+    )
+
+
+def sandbox_spec(settings: Settings, work_dir: Path, volumes: dict[str, Path]) -> SandboxSpec:
+    """What a sandbox of this run gets: the settings' limits and the given volumes mounted."""
+    return SandboxSpec(
+        work_dir=work_dir,
         volumes=volumes,
-        isolation=settings.isolation,
         memory_mb=settings.memory_mb,
+        max_procs=settings.max_procs,
         exec_timeout=settings.exec_timeout,
     )
 
 
+@contextlib.asynccontextmanager
+async def open_sandbox(
+    settings: Settings, spec: SandboxSpec, existing: Sandbox | None = None
+) -> AsyncIterator[Sandbox]:
+    """The one sandbox lifecycle, for root and child nodes: create (unless a session's REPL is
+    given), start, and afterwards shut down and remove the folder of a sandbox created here."""
+    sandbox = existing or create_sandbox(settings, spec)
+    try:
+        await sandbox.start()
+        yield sandbox
+    finally:
+        if existing is None:
+            await sandbox.shutdown()
+            await asyncio.to_thread(shutil.rmtree, spec.work_dir, ignore_errors=True)
+
+
 async def load_inputs(
-    sandbox: LocalSandbox,
-    work: Path,
+    sandbox: Sandbox,
+    staging: Path,
     query: str,
     *,
     paths: list[str] | None = None,
@@ -192,17 +179,19 @@ async def load_inputs(
     volumes: Any = None,
     roots: list[Path] | None = None,
     keep_context: bool = False,
+    include_hidden: bool = False,
 ) -> StagedContext | None:
-    """Put query, context and sources into the REPL once, through files, never re-sent."""
-    inputs = work / ".inputs"
-    inputs.mkdir(parents=True, exist_ok=True)
-    query_file = inputs / "query.txt"
-    query_file.write_text(query, encoding="utf-8")
-    await sandbox.load_text("query", query_file)
+    """Put query, context and sources into the REPL once, as data through the sandbox protocol.
+
+    ``staging`` is a host-only file (in the run's scratch folder, which no sandbox can write)."""
+    await sandbox.put_text("query", query)
     await sandbox.set_var("volumes", dict(sandbox.volume_paths))  # name -> path inside the sandbox
     if keep_context and not paths and not texts:
         return None
-    staged = stage_context(inputs / "context.txt", paths=paths, texts=texts, volumes=volumes, roots=roots)
-    await sandbox.load_text("context", staged.path)
+    staged = await asyncio.to_thread(
+        stage_context, staging, paths=paths, texts=texts, volumes=volumes, roots=roots,
+        include_hidden=include_hidden,
+    )
+    await sandbox.put_text("context", staged.path)
     await sandbox.set_var("sources", [s.to_dict() for s in staged.sources])
     return staged

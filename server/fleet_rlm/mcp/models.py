@@ -172,8 +172,10 @@ class TraceView(BaseModel):
 
 class VolumeInfo(BaseModel):
     name: str
-    files: int
+    files: int = Field(description="Entries of any kind (files, folders, links), counted against max_files.")
     bytes: int
+    quota_bytes: int = Field(description="Disk use allowed; a step that goes past it has its new files removed.")
+    max_files: int
 
 
 class VolumeList(BaseModel):
@@ -182,7 +184,9 @@ class VolumeList(BaseModel):
 
 class FileEntry(BaseModel):
     path: str
-    type: Literal["file", "dir"]
+    type: Literal["file", "dir", "link", "other"] = Field(
+        description="'link': a symbolic link, never followed; 'other': a pipe, socket or device, never read."
+    )
     size: int
     mtime: float
 

@@ -75,10 +75,10 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
 
         eng = await engine()
         try:
-            target = eng.volumes.resolve(volume, path)
-            if not target.is_file():
-                raise ResourceNotFoundError(f"no file '{path}' in volume '{volume}'")
-            if target.stat().st_size > MAX_RESOURCE_BYTES:
+            entry = eng.volumes.stat(volume, path)
+            if entry["type"] != "file":
+                raise ResourceNotFoundError(f"no file '{path}' in volume '{volume}' (it is a {entry['type']})")
+            if entry["size"] > MAX_RESOURCE_BYTES:
                 raise ResourceError(f"'{path}' is larger than {MAX_RESOURCE_BYTES:,} bytes: use the read_file tool")
             data = eng.volumes.read(volume, path)
         except VolumeError as exc:

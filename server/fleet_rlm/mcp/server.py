@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAME = "fleet-rlm"
+TOKEN_HELP = "FLEET_MCP_TOKEN or the keyring's mcp_token, else a random token printed once at launch"
 INSTRUCTIONS = """\
 fleet-rlm answers questions over inputs too large for your context window: long documents,
 large logs, whole folders or many files. Instead of reading such input yourself, call `run`
@@ -84,14 +85,17 @@ def serve(
     port: int = 8765,
     token: str | None = None,
     allow_remote: bool = False,
+    no_auth: bool = False,
 ) -> None:
     """Run the server until stopped (blocking).
 
     * ``stdio``: MCP over stdin/stdout; only protocol goes to stdout, logs go to stderr.
-    * ``http``: streamable HTTP at ``http://host:port/mcp``. Loopback only, with Host/Origin
-      checks against DNS rebinding, unless ``allow_remote`` is set AND a token is configured.
-      ``token`` (else ``FLEET_MCP_TOKEN``) makes every request need ``Authorization: Bearer
-      <token>``. Raises ``BindError`` (a ValueError) before binding when refusing.
+    * ``http``: streamable HTTP at ``http://host:port/mcp`` (port 0: a free one). Every request
+      needs ``Authorization: Bearer <token>``: ``token``, else ``FLEET_MCP_TOKEN`` or the
+      keyring, else a random token printed once on stderr; ``no_auth`` turns that off. Loopback
+      only, with Host/Origin checks against DNS rebinding, unless ``allow_remote`` is set with
+      authentication on. Raises ``BindError`` (a ValueError) before binding when refusing.
+      Prints a "listening on" line on stderr once the socket accepts connections.
     """
     import anyio
 
@@ -103,15 +107,22 @@ def serve(
         raise ValueError(f"unknown transport '{transport}': use 'stdio' or 'http'")
     import uvicorn
 
-    from fleet_rlm.mcp.http import build_http_app, is_loopback, resolve_token
+    from fleet_rlm.http_auth import announce, check_bind, is_loopback, listen, resolve_token, url_of
+    from fleet_rlm.mcp.http import build_http_app
 
-    secret = resolve_token(token)
-    app = build_http_app(server, host=host, port=port, token=secret, allow_remote=allow_remote)
+    required = resolve_token(no_auth=no_auth, given=token)
+    secret = required.value if required else None
+    check_bind(host, secret, allow_remote)  # before binding: a refused server never listens
+    sock = listen(host, port)
+    app = build_http_app(server, host=host, port=sock.getsockname()[1], token=secret, allow_remote=allow_remote)
     if not is_loopback(host) and not os.environ.get("FLEET_CONTEXT_ROOTS"):
-        log.warning("remote clients can name any file this user can read as context: "
-                    "set FLEET_CONTEXT_ROOTS to the folders they may use")
-    log.info("fleet-rlm MCP on http://%s:%d/mcp (token %s)", host, port, "required" if secret else "not set")
-    uvicorn.run(app, host=host, port=port, log_level=_log_level().lower(), access_log=False)
+        log.warning(
+            "remote clients can name any file this user can read as context: "
+            "set FLEET_CONTEXT_ROOTS to the folders they may use"
+        )
+    announce("fleet-mcp", url_of(sock, "/mcp"), required)
+    config = uvicorn.Config(app, log_level=_log_level().lower(), access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _log_level() -> Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]:
@@ -120,8 +131,12 @@ def _log_level() -> Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]:
 
 
 def _configure_logging() -> None:
-    # stderr only: on stdio, stdout is the protocol channel.
-    logging.basicConfig(stream=sys.stderr, level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from fleet_rlm.redaction import RedactingFormatter
+
+    # stderr only: on stdio, stdout is the protocol channel. Secrets are masked in every record.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=_log_level(), handlers=[handler])
     for noisy in ("LiteLLM", "litellm", "httpx", "httpx2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -132,16 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP: interface to listen on (default loopback)")
     parser.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
-    parser.add_argument("--allow-remote", action="store_true", help="HTTP: allow a non-loopback host (needs a token)")
+    parser.add_argument(
+        "--allow-remote", action="store_true", help="HTTP: allow a non-loopback host (authentication stays on)"
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help=f"HTTP: serve without a bearer token (default: {TOKEN_HELP}); loopback only",
+    )
     parser.add_argument("--version", action="version", version=f"fleet-mcp {__version__}")
     args = parser.parse_args(argv)
     _configure_logging()
-    from fleet_rlm.mcp.http import BindError
-
-    # The token is read from FLEET_MCP_TOKEN only: a command-line secret shows up in `ps`.
+    # The token comes from FLEET_MCP_TOKEN or the keyring only: a command-line secret shows up in `ps`.
     try:
-        serve(args.transport, host=args.host, port=args.port, allow_remote=args.allow_remote)
-    except BindError as exc:
+        serve(args.transport, host=args.host, port=args.port, allow_remote=args.allow_remote, no_auth=args.no_auth)
+    except (ValueError, OSError) as exc:  # BindError, a bad FLEET_MCP_MAX_SESSIONS, a port in use
         print(f"fleet-mcp: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -283,7 +283,7 @@ def _request(
     max_llm_calls: int | None,
     max_seconds: float | None,
 ) -> Any:
-    from fleet_rlm.core.run import RunRequest  # imports dspy: keep it off the startup path
+    from fleet_rlm.core.types import RunRequest  # imports dspy: keep it off the startup path
 
     if not question.strip():
         raise ToolError("the question is empty: say what you want to know")

@@ -82,11 +82,11 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> FileContent:
         with user_errors():
             engine = await provider.get()
-            target = engine.volumes.resolve(volume, path)
-            if not target.is_file():
-                raise ToolError(f"no file '{path}' in volume '{volume}'")
-            size = target.stat().st_size
-            data = engine.volumes.read(volume, path, offset, length)
+            entry = engine.volumes.stat(volume, path)
+            if entry["type"] != "file":
+                raise ToolError(f"'{path}' in volume '{volume}' is not a file (it is a {entry['type']})")
+            size = entry["size"]
+            data = engine.volumes.read(volume, path, offset, length)  # refuses links and pipes itself
         if b"\x00" in data:
             raise ToolError(f"'{path}' in volume '{volume}' looks binary; only text files can be read here")
         text, used = decode_prefix(data, at_end=offset + len(data) >= size)

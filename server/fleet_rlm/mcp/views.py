@@ -12,10 +12,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.mcp.models import Progress, RunOutput, RunState, RunSummary, trace_uri
+from fleet_rlm.redaction import redact_text
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.run import RunResult
+    from fleet_rlm.core.types import RunResult
     from fleet_rlm.store import RunRecord
 
 
@@ -24,7 +25,8 @@ def user_errors() -> Iterator[None]:
     """Turn errors the user can fix into tool errors the model reads.
 
     Any other exception reaches the client only as "Error executing tool", so messages written
-    for people (ConfigError, ContextError, VolumeError, ...) must be re-raised as ToolError.
+    for people (ConfigError, ContextError, VolumeError, ...) must be re-raised as ToolError,
+    with secrets masked: the reply leaves this machine's trust boundary.
     """
     from fleet_rlm.volumes import VolumeError
 
@@ -34,7 +36,7 @@ def user_errors() -> Iterator[None]:
         raise
     except (ValueError, VolumeError, KeyError, FileNotFoundError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise ToolError(str(message)) from exc
+        raise ToolError(redact_text(str(message))) from exc
 
 
 def unknown_run(run_id: str) -> ToolError:

@@ -1,10 +1,6 @@
-"""Local code-execution sandbox: a persistent Python REPL in a bubblewrap-isolated worker.
+"""Code execution: the sandbox protocol (:mod:`fleet_rlm.sandbox.base`) and its backends.
 
-``LocalSandbox`` (async, :mod:`fleet_rlm.sandbox.local`) is the core; ``SandboxInterpreter``
-(:mod:`fleet_rlm.sandbox.interpreter`) adapts it to dspy's ``CodeInterpreter`` protocol and is
-imported from its module so that using the sandbox does not import dspy.
+``local`` (:mod:`fleet_rlm.sandbox.local`) runs a persistent Python worker isolated with
+bubblewrap; :mod:`fleet_rlm.sandbox.interpreter` adapts any backend's REPL to dspy's
+``CodeInterpreter``. Import backends from their modules: this package stays light.
 """
-
-from fleet_rlm.sandbox.local import ExecResult, HostFunction, LocalSandbox, SandboxError, detect_isolation
-
-__all__ = ["ExecResult", "HostFunction", "LocalSandbox", "SandboxError", "detect_isolation"]

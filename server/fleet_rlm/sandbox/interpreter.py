@@ -13,18 +13,18 @@ import json
 import shutil
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 
-from fleet_rlm.sandbox.local import ExecResult, LocalSandbox, SandboxError
+from fleet_rlm.sandbox.base import ExecResult, SandboxError
+from fleet_rlm.sandbox.local import LocalSandbox
 
 T = TypeVar("T")
 
-# Variables longer than this go to the worker as a file (load_text) instead of through the pipe.
+# Strings longer than this are sent as raw text (put_text), not JSON, and only when they change.
 BIG_TEXT = 1024 * 1024
 
 
@@ -66,7 +66,8 @@ class SandboxInterpreter:
         self._thread: threading.Thread | None = None
         self._registered: set[str] = set()
         self._sent_fields: list[dict[str, Any]] | None = None
-        self._spooled: dict[tuple[int, int, int], Path] = {}
+        self._bound: dict[str, tuple[int, int, int]] = {}  # big strings already in the REPL, by name
+        self._executing = threading.Lock()
         self._context = contextvars.copy_context()
         self._closed = False
 
@@ -126,16 +127,13 @@ class SandboxInterpreter:
     def _bind(self, name: str, value: Any) -> None:
         assert self._sandbox is not None
         if isinstance(value, str) and len(value) > BIG_TEXT:
-            # Big text goes through a file, written once per distinct string (str hashes are cached).
+            # dspy passes the same variables every step: send a big string once (str hashes are cached).
             key = (id(value), len(value), hash(value))
-            path = self._spooled.get(key)
-            if path is None:
-                path = self.work_dir / ".inputs" / f"{name}-{uuid.uuid4().hex}.txt"
-                path.parent.mkdir(exist_ok=True)
-                path.write_text(value, encoding="utf-8", errors="surrogatepass")
-                self._spooled[key] = path
-            self._call(self._sandbox.load_text(name, path))
+            if self._bound.get(name) != key:
+                self._call(self._sandbox.put_text(name, value))
+                self._bound[name] = key
             return
+        self._bound.pop(name, None)
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -143,6 +141,18 @@ class SandboxInterpreter:
         self._call(self._sandbox.set_var(name, value))
 
     def execute(self, code: str, variables: dict[str, Any] | None = None) -> Any:
+        # A tool that calls execute again would wait forever for the step that is calling it.
+        if not self._executing.acquire(blocking=False):
+            raise CodeInterpreterError(
+                "SandboxInterpreter.execute was called while another execute is running (re-entrant use, "
+                "e.g. from a tool); one interpreter runs one step at a time: use a second interpreter"
+            )
+        try:
+            return self._execute(code, variables)
+        finally:
+            self._executing.release()
+
+    def _execute(self, code: str, variables: dict[str, Any] | None) -> Any:
         self._context = contextvars.copy_context()
         self.start()
         assert self._sandbox is not None
@@ -159,6 +169,8 @@ class SandboxInterpreter:
         if result.error_kind is not None:
             prefix = f"{result.stdout.rstrip()}\n" if result.stdout.strip() else ""
             raise CodeExecutionError(prefix + (result.error or result.error_kind))
+        if result.data is not None and not result.stdout.strip():
+            return result.data  # plain data as a value, like dspy's own interpreters
         text = result.stdout
         if result.value is not None:
             text += ("" if not text or text.endswith("\n") else "\n") + result.value
@@ -176,9 +188,7 @@ class SandboxInterpreter:
             if not self._loop.is_running():
                 self._loop.close()
             self._loop = None
-        for path in self._spooled.values():
-            path.unlink(missing_ok=True)
-        self._spooled.clear()
+        self._bound.clear()
         if self._owns_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 

@@ -1,5 +1,10 @@
 """Async host side of the local code sandbox: spawns ``worker.py`` (under bubblewrap when usable)
-and speaks its newline-delimited JSON protocol (see the worker module docstring)."""
+and speaks its protocol (see the worker module docstring).
+
+The worker runs the model's code in its own process, so everything it sends is treated as forged:
+each message is size-bounded, depth-checked and matched against the one request in flight; anything
+else fails the sandbox at once. Inputs and host-call arguments travel through the pipe as data; the
+host never opens a path inside the sandbox's folders."""
 
 from __future__ import annotations
 
@@ -16,13 +21,26 @@ import subprocess
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-logger = logging.getLogger(__name__)
+from fleet_rlm.redaction import redact_text
+from fleet_rlm.sandbox.base import (
+    ERROR_KINDS,
+    MAX_DEPTH,
+    MAX_MESSAGE_BYTES,
+    Backend,
+    ExecResult,
+    HostFunction,
+    SandboxError,
+    SandboxSpec,
+    nesting_depth,
+    register_backend,
+)
+from fleet_rlm.sandbox.caps import SHM_BYTES, TMP_BYTES, SandboxCgroup
 
-HostFunction = Callable[..., Awaitable[Any]]
+logger = logging.getLogger(__name__)
+__all__ = ["ExecResult", "HostFunction", "LocalSandbox", "SandboxError", "detect_isolation"]
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 SANDBOX_ROOT = "/fleet"
@@ -30,20 +48,8 @@ SANDBOX_WORK_DIR = "/fleet/work"
 STARTUP_TIMEOUT = 30.0
 KILL_GRACE = 2.0  # seconds a worker gets to exit after "shutdown" before SIGKILL
 STUCK_GRACE = 10.0  # extra seconds past an execute timeout before the worker is presumed stuck
-
-
-@dataclass
-class ExecResult:
-    stdout: str
-    value: str | None
-    error: str | None
-    error_kind: str | None  # None | "syntax" | "exception" | "timeout" | "memory"
-    final: dict[str, Any] | None
-    duration: float
-
-
-class SandboxError(RuntimeError):
-    """Terminal failure: the worker died or the protocol broke; the REPL state is gone."""
+MAX_HOST_CALLS = 1024  # host calls one sandbox may have outstanding; more are refused, not queued
+BLOB_CHUNK = 1024 * 1024
 
 
 def _python() -> str:
@@ -51,11 +57,10 @@ def _python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-TMP_BYTES = 64 * 1024 * 1024
-
-
 def _system_binds() -> list[str]:
-    """Read-only binds (or symlinks, on merged-/usr systems) of what the interpreter needs."""
+    """Read-only binds (or symlinks, on merged-/usr systems) of what the interpreter needs.
+
+    No /proc: it would show host paths (bind sources in mountinfo, bwrap's command line as pid 1)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for path in ("/bin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(path):
@@ -68,11 +73,13 @@ def _system_binds() -> list[str]:
     prefix = os.path.realpath(sys.base_prefix)
     if prefix != "/usr" and not prefix.startswith("/usr/"):
         args += ["--ro-bind", prefix, prefix]  # e.g. /root/.pyenv/versions/3.11.7 and nothing else of ~
-    # /tmp lives in RAM, outside the memory cap: keep it small; the work folder is for real files.
-    return [*args, "--proc", "/proc", "--dev", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    # RAM-backed space is size-capped (/tmp, /dev/shm) or read-only (/dev; / via _SEAL at the end).
+    args += ["--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    return [*args, "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
 
 
 _BWRAP_BASE = ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+_SEAL = ["--remount-ro", "/"]  # bwrap's root is an unsized tmpfs; last, since mount points are made on it
 
 
 @functools.cache
@@ -85,7 +92,7 @@ def detect_isolation() -> tuple[str, str]:
             "to isolate the sandbox; code now runs unisolated (scrubbed env and rlimits only)"
         )
     # bwrap can be installed yet unusable (no user namespaces, seccomp'd container): try it once.
-    cmd = [bwrap, *_BWRAP_BASE, *_system_binds(), _python(), "-I", "-S", "-c", "pass"]
+    cmd = [bwrap, *_BWRAP_BASE, *_system_binds(), *_SEAL, _python(), "-I", "-S", "-c", "pass"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
         version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
@@ -98,8 +105,8 @@ def detect_isolation() -> tuple[str, str]:
             "user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run with isolation='none'"
         )
     return "bwrap", (
-        f"{version.strip() or 'bubblewrap'}, no network, read-only system, "
-        "only the work dir and volumes writable"
+        f"{version.strip() or 'bubblewrap'}, no network, no /proc, read-only root and system folders, "
+        "/tmp and /dev/shm size-capped, only the work dir and volumes writable"
     )
 
 
@@ -141,17 +148,21 @@ class LocalSandbox:
             raise ValueError(f"memory_mb must be at least 64, not {memory_mb}")
         self.memory_mb = memory_mb
         self.max_procs = max_procs
+        self._cgroup: SandboxCgroup | None = None
         self.exec_timeout = exec_timeout
         self.output_limit = output_limit
         self.env = dict(env or {})
-        self.bytes_sent = 0  # protocol traffic, for diagnostics (and to prove big data avoids the pipe)
+        self.bytes_sent = 0  # protocol traffic, for diagnostics
         self.bytes_received = 0
         self._functions: dict[str, HostFunction] = dict(host_functions or {})
         self._output_fields: list[dict[str, Any]] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._on_output: dict[int, Callable[[str], None]] = {}
+        # The one request in flight (requests are serialised): its id, op, reply and output sink.
+        self._inflight: tuple[int, str, asyncio.Future[dict[str, Any]]] | None = None
+        self._on_output: Callable[[str], None] | None = None
+        self._streamed = 0  # output characters accepted for the execute in flight
+        self._calls: set[int] = set()  # host-call ids still being answered
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._request_lock = asyncio.Lock()
@@ -161,17 +172,24 @@ class LocalSandbox:
         self._failure: str | None = None  # set once the worker is gone; every later call raises it
         self._closed = False
 
-    # ---- paths -----------------------------------------------------------------------------------
-    def sandbox_path(self, host_path: Path) -> str:
-        """Map a host path under work_dir or a volume to the path code inside the sandbox sees."""
-        path = Path(host_path).resolve()
-        roots = [(self.work_dir, self.sandbox_work_dir)]
-        roots += [(p, self.volume_paths[n]) for n, p in self.volumes.items()]
-        for root, inside in roots:
-            if path == root or path.is_relative_to(root):
-                rel = path.relative_to(root).as_posix()
-                return inside if rel == "." else f"{inside}/{rel}"
-        raise ValueError(f"{host_path} is outside the work dir and volumes, so the sandbox cannot see it")
+    @property
+    def warnings(self) -> list[str]:
+        from fleet_rlm.sandbox.caps import describe_caps, not_enforced
+
+        rows = describe_caps(
+            self.isolation, memory_mb=self.memory_mb, max_procs=self.max_procs,
+            exec_timeout=self.exec_timeout, output_limit=self.output_limit,
+        )
+        missing = [r["name"] for r in rows if not r["enforced"]]
+        if self._proc is not None and self._cgroup is None and not missing:  # cgroups exist, creation failed
+            missing = ["memory", "processes"]
+        if self.isolation == "none":
+            head = "code runs WITHOUT isolation (bubblewrap unavailable or FLEET_ISOLATION=none)"
+            return [f"{head}; caps not held: {', '.join(missing)}; see `fleet-rlm doctor`"]
+        if missing:
+            details = "; ".join(not_enforced(rows)) or "the sandbox's cgroup could not be created (see the log)"
+            return [f"sandbox caps not held: {', '.join(missing)} ({details}); `fleet-rlm doctor` says how to fix"]
+        return []
 
     @property
     def alive(self) -> bool:
@@ -205,7 +223,7 @@ class LocalSandbox:
             cmd += ["--bind", str(path), self.volume_paths[name]]
         for key, value in env.items():
             cmd += ["--setenv", key, value]
-        cmd += ["--chdir", SANDBOX_WORK_DIR, _python(), "-I", "-S", "-u", f"{SANDBOX_ROOT}/worker.py"]
+        cmd += [*_SEAL, "--chdir", SANDBOX_WORK_DIR, _python(), "-I", "-S", "-u", f"{SANDBOX_ROOT}/worker.py"]
         cmd += ["--workdir", SANDBOX_WORK_DIR, *limits]
         return cmd, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, None
 
@@ -217,14 +235,14 @@ class LocalSandbox:
             if self._proc is not None:
                 self._check()
                 return
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-            (self.work_dir / ".xfer").mkdir(exist_ok=True)
-            for path in self.volumes.values():
+            # Host-created and never inside another sandbox's folders (the caller picks a fresh one).
+            self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path in self.volumes.values():  # host-owned volume folders (the engine creates them)
                 path.mkdir(parents=True, exist_ok=True)
             cmd, env, cwd = self._command()
-            # Longest accepted protocol line (a bound, not an allocation): stdout and value are capped at
-            # output_limit chars (<= 6 bytes each as JSON), but a SUBMIT payload is not capped.
-            limit = max(256 * 1024 * 1024, self.output_limit * 16)
+            # Longest accepted protocol line: a bound on what a hostile worker can make the host buffer.
+            limit = MAX_MESSAGE_BYTES + 64 * 1024
+            self._cgroup = SandboxCgroup.create(self.memory_mb, self.max_procs)  # None: host has no cgroups
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
                 stdin=asyncio.subprocess.PIPE,
@@ -234,6 +252,7 @@ class LocalSandbox:
                 cwd=cwd,
                 start_new_session=True,
                 limit=limit,
+                preexec_fn=self._cgroup.preexec() if self._cgroup else None,  # joins before exec
             )
             self._ready = asyncio.get_running_loop().create_future()
             self._spawn(self._read_stdout())
@@ -271,6 +290,8 @@ class LocalSandbox:
             if task is not current:
                 task.cancel()
         await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        if self._cgroup is not None:  # kills whatever escaped the process group, then removes it
+            await asyncio.to_thread(self._cgroup.destroy)
         transport = getattr(proc, "_transport", None)
         if transport is not None:
             # asyncio's Process has no public close(); an unclosed transport warns (or errors, once
@@ -299,12 +320,11 @@ class LocalSandbox:
             raise SandboxError("the sandbox is not started; call start() first")
 
     def _fail_pending(self, error: BaseException) -> None:
-        for future in [*self._pending.values(), self._ready]:
+        for future in [self._inflight[2] if self._inflight else None, self._ready]:
             if future is not None and not future.done():
                 future.set_exception(error)
                 # The waiter may have given up already (its own timeout): don't log "never retrieved".
                 future.add_done_callback(lambda f: f.exception())
-        self._pending.clear()
 
     async def _fail(self, reason: str) -> None:
         """Mark the worker dead, kill it, fail every waiter and raise SandboxError(reason)."""
@@ -329,7 +349,9 @@ class LocalSandbox:
         elif sig is not None:
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
             how = f"killed by signal {sig} ({name})"
-            if sig == signal.SIGKILL:
+            if sig == signal.SIGKILL and self._cgroup is not None and self._cgroup.oom_kills():
+                how += f", out of memory (the sandbox's cap is {self.memory_mb} MB for all its processes)"
+            elif sig == signal.SIGKILL:
                 how += f", likely out of memory (cap {self.memory_mb} MB) or killed from outside"
         else:
             how = f"exit code {code}"
@@ -337,24 +359,51 @@ class LocalSandbox:
         return f"the sandbox worker exited ({how})" + (f"; its last stderr: {tail[-400:]}" if tail else "")
 
     # ---- transport -------------------------------------------------------------------------------
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: dict[str, Any], blob: bytes | Path | None = None) -> None:
+        """Write one message; a blob (bytes, or a host-owned file streamed in chunks) follows its line
+        under the same lock, so no other message can interleave."""
         proc = self._proc
         if proc is None or proc.stdin is None:
             raise SandboxError("the sandbox is not started; call start() first")
+        size = 0 if blob is None else len(blob) if isinstance(blob, bytes) else blob.stat().st_size
+        if blob is not None:
+            message = {**message, "blob": size}
         data = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"
         try:
             async with self._write_lock:
                 proc.stdin.write(data)
+                if isinstance(blob, bytes):
+                    proc.stdin.write(blob)
+                elif blob is not None:
+                    await self._stream_file(proc.stdin, blob, size)
                 await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
             if self._failure is not None:
                 raise SandboxError(self._failure) from exc
             await self._fail(await self._exit_reason())
-        self.bytes_sent += len(data)
+        self.bytes_sent += len(data) + size
+
+    @staticmethod
+    async def _stream_file(writer: asyncio.StreamWriter, path: Path, size: int) -> None:
+        # Exactly the announced size, even if the file changed since: the worker reads that many bytes.
+        with path.open("rb") as fh:
+            left = size
+            while left:
+                chunk = fh.read(min(BLOB_CHUNK, left)) or b"\0" * min(BLOB_CHUNK, left)
+                writer.write(chunk)
+                left -= len(chunk)
+                await writer.drain()
 
     async def _read_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
-        while line := await self._proc.stderr.readline():
+        stderr = self._proc.stderr
+        while True:
+            try:
+                line = await stderr.readline()
+            except ValueError:  # a line over the reader's limit: drop what is buffered and go on
+                line = await stderr.read(64 * 1024) or b"\n"
+            if not line:
+                return
             text = line.decode("utf-8", "replace").rstrip()[:2000]  # bounded: user code may spam stderr
             self._stderr_tail.append(text)
             logger.debug("sandbox worker: %s", text)
@@ -366,38 +415,77 @@ class LocalSandbox:
         try:
             while line := await stdout.readline():
                 self.bytes_received += len(line)
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    reason = f"the sandbox worker broke the protocol (sent {line[:100]!r})"
-                    break
+                message = await self._parse(line)
                 self._dispatch(message)
-        except (ValueError, asyncio.LimitOverrunError):
-            reason = "the sandbox worker sent a protocol message over the size limit"
+        except ValueError as exc:  # StreamReader: a line over its limit
+            reason = f"the sandbox worker sent a protocol message over the {MAX_MESSAGE_BYTES >> 20} MB limit ({exc})"
+        except _ProtocolViolation as exc:
+            reason = f"the sandbox broke the protocol ({exc}), so it was stopped"
         if self._failure is None and not self._closed:
             with contextlib.suppress(SandboxError):
                 await self._fail(reason or await self._exit_reason())
 
+    @staticmethod
+    async def _parse(line: bytes) -> dict[str, Any]:
+        try:
+            # Big messages are decoded off the loop so other runs keep streaming.
+            message = json.loads(line) if len(line) < 1 << 20 else await asyncio.to_thread(json.loads, line)
+        except RecursionError:
+            raise _ProtocolViolation("a message nested too deeply") from None
+        except ValueError:
+            raise _ProtocolViolation(f"not JSON: {line[:100]!r}") from None
+        if not isinstance(message, dict) or not isinstance(message.get("op"), str):
+            raise _ProtocolViolation(f"not a message: {line[:100]!r}")
+        if nesting_depth(message) > MAX_DEPTH:
+            raise _ProtocolViolation(f"a message nested deeper than {MAX_DEPTH} levels")
+        return message
+
     def _dispatch(self, message: dict[str, Any]) -> None:
-        op, msg_id = message.get("op"), message.get("id")
-        if op == "call":
-            self._spawn(self._run_call(message))
+        """Accept a message only where the request in flight allows it; anything else is forged."""
+        op, msg_id = message["op"], message.get("id")
+        inflight = self._inflight
+        current = inflight is not None and msg_id == inflight[0] and not inflight[2].done()
+        if op == "ready":
+            if self._ready is None or self._ready.done():
+                raise _ProtocolViolation("a second 'ready'")
+            self._ready.set_result(message)
         elif op == "output":
-            callback = self._on_output.get(msg_id)  # type: ignore[arg-type]
-            if callback is not None:
+            data = message.get("data")
+            if not (current and inflight[1] == "execute" and isinstance(data, str)):  # type: ignore[index]
+                raise _ProtocolViolation("output outside the running step")
+            room = self.output_limit - self._streamed  # the worker caps it too; a forger might not
+            if room > 0 and self._on_output is not None:
+                self._streamed += min(room, len(data))
                 try:
-                    callback(message.get("data", ""))
+                    self._on_output(data[:room])
                 except Exception:
                     logger.exception("on_output callback failed")
-        elif op == "ready":
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(message)
+        elif op == "call":
+            self._accept_call(message)
         elif op in ("done", "ok", "error"):
-            future = self._pending.pop(msg_id, None)  # type: ignore[arg-type]
-            if future is not None and not future.done():
-                future.set_result(message)
+            if not current or (op == "done") != (inflight[1] == "execute"):  # type: ignore[index]
+                raise _ProtocolViolation(f"a {op!r} reply to no request in flight (id {msg_id!r})")
+            inflight[2].set_result(message)  # type: ignore[index]
         else:
-            logger.warning("sandbox worker sent an unknown message op=%r", op)
+            raise _ProtocolViolation(f"unknown message op {op[:40]!r}")
+
+    def _accept_call(self, message: dict[str, Any]) -> None:
+        call_id, name = message.get("id"), message.get("name")
+        args, kwargs = message.get("args", []), message.get("kwargs", {})
+        if not (isinstance(call_id, int) and isinstance(name, str) and isinstance(args, list)):
+            raise _ProtocolViolation("a malformed host call")
+        if not isinstance(kwargs, dict) or call_id in self._calls:
+            raise _ProtocolViolation(f"a malformed or repeated host call (id {call_id})")
+        inflight = self._inflight
+        if inflight is None or inflight[1] != "execute":
+            error = f"{name}() can only be called while a step runs (not from a thread left running after it)"
+        elif len(self._calls) >= MAX_HOST_CALLS:
+            error = f"too many host calls at once (limit {MAX_HOST_CALLS}); use the *_batched functions"
+        else:
+            self._calls.add(call_id)
+            self._spawn(self._run_call(call_id, name, args, kwargs))
+            return
+        self._spawn(self._send({"op": "result", "id": call_id, "ok": False, "error": f"RuntimeError: {error}"}))
 
     async def _request(
         self,
@@ -405,6 +493,7 @@ class LocalSandbox:
         *,
         limit: float | None = None,
         on_output: Callable[[str], None] | None = None,
+        blob: bytes | Path | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its reply; at most one request is in flight.
 
@@ -414,12 +503,11 @@ class LocalSandbox:
             self._check()
             req_id = next(self._ids)
             future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            self._pending[req_id] = future
-            if on_output is not None:
-                self._on_output[req_id] = on_output
+            self._inflight = (req_id, message["op"], future)
+            self._on_output, self._streamed = on_output, 0
             deadline = None if limit is None else limit + STUCK_GRACE
             try:
-                await self._send({**message, "id": req_id})
+                await self._send({**message, "id": req_id}, blob)
                 try:
                     reply = await asyncio.wait_for(asyncio.shield(future), deadline)
                 except TimeoutError:
@@ -430,61 +518,25 @@ class LocalSandbox:
                     )
                     raise  # unreachable: _fail raises
             finally:
-                self._pending.pop(req_id, None)
-                self._on_output.pop(req_id, None)
-            if reply.get("op") == "error":
-                raise ValueError(f"sandbox rejected {message.get('op')}: {reply.get('error')}")
+                self._inflight, self._on_output = None, None
+            if reply["op"] == "error":
+                raise ValueError(f"sandbox rejected {message['op']}: {str(reply.get('error'))[:2000]}")
             return reply
 
     # ---- host calls from user code ---------------------------------------------------------------
-    def _resolve(self, value: Any) -> Any:
-        """Read a spooled big string ({"__file__": ".xfer/x.txt"}) and delete its file."""
-        if isinstance(value, dict) and set(value) == {"__file__"} and isinstance(value["__file__"], str):
-            xfer = (self.work_dir / ".xfer").resolve()
-            path = (self.work_dir / value["__file__"]).resolve()
-            if path.parent != xfer:  # never let sandbox code make the host read arbitrary files
-                raise ValueError(f"spooled argument path {value['__file__']!r} is outside .xfer")
-            text = path.read_text(encoding="utf-8", errors="surrogatepass")
-            path.unlink()
-            return text
-        return value
-
-    def _resolve_arg(self, value: Any) -> Any:
-        if isinstance(value, list):
-            return [self._resolve(v) for v in value]
-        if isinstance(value, dict) and set(value) != {"__file__"}:
-            return {k: self._resolve(v) for k, v in value.items()}
-        return self._resolve(value)
-
-    @staticmethod
-    def _has_spooled(values: list[Any]) -> bool:
-        def marked(v: Any) -> bool:
-            return isinstance(v, dict) and "__file__" in v
-
-        for value in values:
-            inner = (
-                list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
-            )
-            if marked(value) or any(marked(v) for v in inner):
-                return True
-        return False
-
-    async def _run_call(self, message: dict[str, Any]) -> None:
-        name = message.get("name")
+    async def _run_call(self, call_id: int, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         try:
-            fn = self._functions.get(name)  # type: ignore[arg-type]
+            fn = self._functions.get(name)
             if fn is None:
                 raise LookupError(f"no host function named {name!r}")
-            args, kwargs = message.get("args", []), message.get("kwargs", {})
-            if self._has_spooled([*args, *kwargs.values()]):  # big file reads stay off the event loop
-                args = await asyncio.to_thread(lambda: [self._resolve_arg(a) for a in args])
-                kwargs = await asyncio.to_thread(lambda: {k: self._resolve_arg(v) for k, v in kwargs.items()})
             value = await fn(*args, **kwargs)
             json.dumps(value, default=str)
-            reply = {"op": "result", "id": message.get("id"), "ok": True, "value": value}
+            reply = {"op": "result", "id": call_id, "ok": True, "value": value}
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            reply = {"op": "result", "id": message.get("id"), "ok": False, "error": error}
+            # A model error may quote the key: mask it before it enters the sandbox.
+            reply = {"op": "result", "id": call_id, "ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
+        finally:
+            self._calls.discard(call_id)
         with contextlib.suppress(SandboxError):
             await self._send(reply)
 
@@ -501,14 +553,47 @@ class LocalSandbox:
         await self.start()
         limit = timeout if timeout is not None else self.exec_timeout
         message = {"op": "execute", "code": code, "timeout": limit, "output_limit": self.output_limit}
+        ooms = self._cgroup.oom_kills() if self._cgroup else 0
         reply = await self._request(message, limit=limit, on_output=on_output)
+        try:
+            result = self._exec_result(reply)
+        except _ProtocolViolation as exc:
+            await self._fail(f"the sandbox broke the protocol ({exc}), so it was stopped")
+            raise  # unreachable: _fail raises
+        killed = (self._cgroup.oom_kills() if self._cgroup else 0) - ooms
+        if killed > 0:  # a child died for memory; the step itself went on, so say it
+            result.stdout += (
+                f"\n[sandbox] the out-of-memory killer ended {killed} process(es) of this step: all processes "
+                f"of the sandbox together are capped at {self.memory_mb} MB\n"
+            )
+        return result
+
+    def _exec_result(self, reply: dict[str, Any]) -> ExecResult:
+        """Check a 'done' reply field by field: it is written by hostile code's process."""
+
+        def text(key: str, *, optional: bool = True) -> str | None:
+            value = reply.get(key)
+            if value is None and optional:
+                return None
+            if not isinstance(value, str):
+                raise _ProtocolViolation(f"'done' field {key!r} is not text")
+            return _cap(value, self.output_limit + 1024)  # a backstop: the worker caps (plus its marker)
+
+        kind, final, duration = reply.get("error_kind"), reply.get("final"), reply.get("duration")
+        if kind is not None and kind not in ERROR_KINDS:
+            raise _ProtocolViolation(f"unknown error kind {str(kind)[:40]!r}")
+        if final is not None and not isinstance(final, dict):
+            raise _ProtocolViolation("'done' field 'final' is not an object")
+        if not isinstance(duration, (int, float)) or isinstance(duration, bool):
+            raise _ProtocolViolation("'done' field 'duration' is not a number")
         return ExecResult(
-            stdout=reply.get("stdout") or "",
-            value=reply.get("value"),
-            error=reply.get("error"),
-            error_kind=reply.get("error_kind"),
-            final=reply.get("final"),
-            duration=float(reply.get("duration") or 0.0),
+            stdout=text("stdout") or "",
+            value=text("value"),
+            error=text("error"),
+            error_kind=kind,
+            final=final,
+            duration=float(duration),
+            data=reply.get("data"),
         )
 
     async def configure_output_fields(self, fields: list[dict[str, Any]]) -> None:
@@ -518,18 +603,59 @@ class LocalSandbox:
             await self._request({"op": "configure", "output_fields": self._output_fields})
 
     async def set_var(self, name: str, value: Any) -> None:
-        """Bind a JSON value as a global. It crosses the pipe: use load_text for big text."""
+        """Bind a JSON value as a global; use put_text for big text."""
         await self.start()
         await self._request({"op": "set_var", "name": name, "value": value})
 
-    async def load_text(self, name: str, host_path: Path) -> None:
-        """Bind a UTF-8 file's text as a global; the worker reads the file, nothing crosses the pipe."""
-        inside = self.sandbox_path(host_path)  # ValueError when the sandbox cannot see the file
+    async def put_text(self, name: str, data: str | Path) -> None:
+        """Bind text as a global. A Path must be a host-owned file (never one the sandbox can write);
+        it is streamed through the pipe, so nothing inside the sandbox's folders is read."""
+        blob = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else Path(data)
         await self.start()
-        await self._request({"op": "load_text", "name": name, "path": inside})
+        await self._request({"op": "put_text", "name": name}, blob=blob)
 
     async def register_functions(self, fns: dict[str, HostFunction]) -> None:
         """Add or replace host functions; defined in the namespace right away if the worker runs."""
         self._functions.update(fns)
         if self._proc is not None and fns:
             await self._request({"op": "define_functions", "names": list(fns)})
+
+
+class _ProtocolViolation(Exception):
+    """The worker sent something the protocol does not allow at this point."""
+
+
+def _cap(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} characters omitted] ...\n{text[len(text) - (limit - half):]}"
+
+
+def _local_sandbox(settings: Any, spec: SandboxSpec) -> LocalSandbox:
+    return LocalSandbox(
+        spec.work_dir,
+        volumes=spec.volumes,
+        isolation=settings.isolation,
+        memory_mb=spec.memory_mb,
+        max_procs=spec.max_procs,
+        exec_timeout=spec.exec_timeout,
+        output_limit=spec.output_limit,
+    )
+
+
+def _local_doctor(settings: Any) -> dict[str, dict[str, Any]]:
+    from fleet_rlm.sandbox.caps import caps_check
+
+    level, detail = detect_isolation()
+    if settings.isolation == "none":
+        level, detail = "none", "FLEET_ISOLATION=none: code runs unisolated, with your user's permissions"
+    row: dict[str, Any] = {"ok": level == "bwrap", "isolation": level, "detail": detail}
+    if level != "bwrap":
+        row["fix"] = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and use FLEET_ISOLATION=auto"
+    return {"sandbox": row, "caps": caps_check(settings, level)}
+
+
+register_backend(
+    Backend("local", _local_sandbox, _local_doctor, "a persistent Python worker on this machine (bubblewrap)")
+)

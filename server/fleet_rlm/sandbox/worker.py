@@ -3,15 +3,17 @@
 Run as ``python3 -I -S -u worker.py --workdir DIR --memory-mb N --max-procs N``, possibly
 inside bubblewrap where nothing but the standard library exists.
 
-Protocol: newline-delimited JSON objects (UTF-8).
+Protocol: newline-delimited JSON objects (UTF-8). A message with ``"blob": N`` is followed by
+exactly N raw bytes (how big inputs travel: no file paths cross the boundary).
 Host -> worker (every request carries ``id``; only ``execute`` replies ``done``):
-  execute {code, timeout, output_limit} -> done {stdout, value, error, error_kind, final, duration}
+  execute {code, timeout, output_limit} -> done {stdout, value, data, error, error_kind, final, duration}
       plus throttled {"op":"output","id","data"} chunks while the code runs.
   configure {output_fields}, define_functions {names}, set_var {name, value},
-  load_text {name, path}                  -> {"op":"ok","id"} or {"op":"error","id","error"}
+  put_text {name, blob}                   -> {"op":"ok","id"} or {"op":"error","id","error"}
   result {id, ok, value | error}          -> answer to a host call (no reply)
   shutdown                                -> worker exits (EOF on stdin as well)
 Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions.
+No message may exceed MAX_MESSAGE bytes: the host stops a worker that sends one.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import threading
 import time
 import traceback
 import types
-import uuid
 import weakref
 from collections import deque
 from typing import Any
 
-SPOOL_THRESHOLD = 256 * 1024  # str args longer than this (chars) travel as files, not through the pipe
+MAX_MESSAGE = 64 * 1024 * 1024  # keep in step with fleet_rlm.sandbox.base.MAX_MESSAGE_BYTES
+PLAIN_DATA_CHARS = 100_000  # trailing values up to this size (as JSON) also travel as data
 STREAM_INTERVAL = 0.2  # seconds between live output chunks
 REPL_FILENAME = "<repl>"
 
@@ -166,6 +168,8 @@ class Worker:
         self.closed = threading.Event()
         self.capture: _Capture | None = None
         self.capture_id: Any = None
+        # Held while output is taken and queued, so no chunk can follow its step's "done".
+        self.stream_lock = threading.Lock()
         self.armed = False
         self.sources: weakref.WeakKeyDictionary[types.CodeType, list[str]] = weakref.WeakKeyDictionary()
         self.namespace["SUBMIT"] = self._submit
@@ -174,8 +178,7 @@ class Worker:
     def send(self, message: dict[str, Any]) -> None:
         # Only the writer thread touches the fd; SimpleQueue.put is atomic for signal handlers,
         # so a SIGALRM can never leave a half-written line on the protocol pipe.
-        line = json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"
-        self.outgoing.put(line)
+        self.outgoing.put(_encode(message))
 
     def writer(self, fd: int) -> None:
         while True:
@@ -198,7 +201,10 @@ class Worker:
                 break
             try:
                 message = json.loads(line)
-            except ValueError:
+                size = message.get("blob")
+                if size is not None:
+                    message["blob"] = stdin.read(size)
+            except (ValueError, TypeError, AttributeError):
                 print(f"worker: ignoring malformed request {line[:200]!r}", file=sys.__stderr__)
                 continue
             if message.get("op") == "result":
@@ -215,44 +221,25 @@ class Worker:
     def streamer(self) -> None:
         while not self.closed.is_set():
             time.sleep(STREAM_INTERVAL)
-            capture, req_id = self.capture, self.capture_id
-            if capture is not None:
-                data = capture.take_pending()
+            with self.stream_lock:
+                capture, req_id = self.capture, self.capture_id
+                data = capture.take_pending() if capture is not None else ""
                 if data:
                     self.send({"op": "output", "id": req_id, "data": data})
 
     # ---- host calls ------------------------------------------------------------------------------
-    def _spool(self, value: Any) -> Any:
-        if isinstance(value, str) and len(value) > SPOOL_THRESHOLD:
-            xfer = os.path.join(self.workdir, ".xfer")
-            os.makedirs(xfer, exist_ok=True)
-            name = f"{uuid.uuid4().hex}.txt"
-            with open(os.path.join(xfer, name), "w", encoding="utf-8", errors="surrogatepass") as fh:
-                fh.write(value)
-            return {"__file__": f".xfer/{name}"}
-        return value
-
-    def _encode_args(self, value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [self._spool(item) for item in value]
-        if isinstance(value, dict):
-            return {str(k): self._spool(v) for k, v in value.items()}
-        return self._spool(value)
-
     def host_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_id = next(self.call_ids)
         slot: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self.calls[call_id] = slot
         try:
-            self.send(
-                {
-                    "op": "call",
-                    "id": call_id,
-                    "name": name,
-                    "args": [self._encode_args(a) for a in args],
-                    "kwargs": {k: self._encode_args(v) for k, v in kwargs.items()},
-                }
-            )
+            line = _encode({"op": "call", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs})
+            if len(line) > MAX_MESSAGE:
+                raise ValueError(
+                    f"{name}: the arguments are {len(line) >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit "
+                    "of one call; pass smaller pieces (slice the text, or batch fewer prompts per call)"
+                )
+            self.outgoing.put(line)
             while True:
                 # Short waits keep the main thread responsive to the SIGALRM timeout.
                 try:
@@ -365,6 +352,7 @@ class Worker:
                     value = eval(last, self.namespace)
                     if value is not None:
                         reply["value"] = _truncate(repr(value), limit)
+                        reply["data"] = _plain(value)
             finally:
                 self.armed = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -390,9 +378,17 @@ class Worker:
             reply["error"] = _truncate(self._format_error(exc), limit)
         finally:
             sys.stdout, sys.stderr = saved
-            self.capture = None
+            with self.stream_lock:
+                self.capture = None
         reply["stdout"] = capture.text()
         reply["duration"] = time.monotonic() - start
+        if reply["final"] is not None and len(_encode(reply)) > MAX_MESSAGE:
+            reply["final"] = None
+            reply["error_kind"] = "exception"
+            reply["error"] = (
+                f"ValueError: the SUBMIT payload is over the {MAX_MESSAGE >> 20} MB limit; "
+                "submit a shorter answer (or write the long result to a volume file and submit its path)"
+            )
         return reply
 
     # ---- other requests --------------------------------------------------------------------------
@@ -410,10 +406,13 @@ class Worker:
                     self.define(name)
             elif op == "set_var":
                 self.namespace[_identifier(msg.get("name"))] = msg.get("value")
-            elif op == "load_text":
+            elif op == "put_text":
                 name = _identifier(msg.get("name"))
-                with open(msg["path"], encoding="utf-8") as fh:
-                    self.namespace[name] = fh.read()
+                blob = msg.pop("blob", None)
+                if not isinstance(blob, bytes):
+                    raise ValueError("put_text carries no text")
+                self.namespace[name] = blob.decode("utf-8", "surrogatepass")
+                del blob
             else:
                 raise ValueError(f"unknown op {op!r}")
         except MemoryError:
@@ -455,6 +454,26 @@ def _truncate(text: str, limit: int) -> str:
         return text
     head, tail = text[: limit // 2], text[len(text) - (limit - limit // 2) :]
     return f"{head}\n... [{len(text) - limit} characters omitted] ...\n{tail}"
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"
+
+
+def _plain(value: Any) -> Any:
+    """The value itself when it is small plain JSON data (so callers can parse it), else None."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, float) and value != value:  # NaN has no JSON form
+        return None
+    if not isinstance(value, (str, int, float, list, tuple, dict)):
+        return None
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    # Through JSON and back: tuples become lists, keys strings, exactly as the host will see it.
+    return json.loads(text) if len(text) <= PLAIN_DATA_CHARS else None
 
 
 def _identifier(name: Any) -> str:

@@ -3,13 +3,20 @@
 The schema version lives in ``PRAGMA user_version``. ``MIGRATIONS[i]`` moves a
 database from version ``i`` to ``i + 1``; migrations are only ever appended,
 never edited, so a store written by any older fleet-rlm can be upgraded.
+
+The database holds questions, answers and traces: its folder is 0700 and its files 0600
+(SQLite gives the -wal and -shm files the database file's mode).
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from collections.abc import Callable
 from pathlib import Path
+
+from fleet_rlm.config import private_dir
 
 
 class StoreError(RuntimeError):
@@ -75,14 +82,19 @@ def _sql(script: str) -> Callable[[sqlite3.Connection], None]:
     return apply
 
 
+# Who owns a run, beyond its pid: boot id + process start time, so a recycled pid is not
+# mistaken for the run's owner (NULL where /proc is not available, and for older rows).
+_V2 = "ALTER TABLE runs ADD COLUMN owner_start TEXT"
+
 # Append-only. Index i upgrades schema version i -> i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_sql(_V1)]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_sql(_V1), _sql(_V2)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the database at ``path`` and bring its schema up to date."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
+    _make_private(path)
     # isolation_level=None: we issue BEGIN/COMMIT ourselves so that writes can
     # take the write lock up front (BEGIN IMMEDIATE) across processes.
     conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
@@ -96,6 +108,18 @@ def connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _make_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does; tighten an older store's files."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            info = name.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            name.chmod(stat.S_IMODE(info.st_mode) & 0o600)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -1,28 +1,53 @@
 """Local volumes: named folders that outlive runs.
 
-A volume is ``root/<name>/`` with durable roots ``memory/``, ``artifacts/``,
-``buffers/`` and ``meta/``. Paths inside a volume are relative POSIX paths;
-anything that could reach outside the volume (absolute paths, ``..``, NUL,
-symlinks pointing out) is refused with a ``VolumeError``.
+A volume is ``root/<name>/`` with durable roots ``memory/``, ``artifacts/``, ``buffers/`` and
+``meta/``, mounted read-write into sandboxes. Paths inside a volume are relative POSIX paths;
+absolute paths, ``..`` and NUL are refused. Because sandboxed code can change a volume at any
+moment, every operation here goes through ``safepath``: fd-relative, one component at a time,
+symbolic links refused (never followed, even when they point inside), pipes, sockets and devices
+refused without blocking, writes through a temp file renamed into place. Quotas: ``quota``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
+import secrets
 import shutil
 import stat
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from fleet_rlm.volumes.quota import Quota, Usage, human, measure, over_message, trim
+from fleet_rlm.volumes.safepath import (
+    CREATE_FLAGS,
+    DIR_FLAGS,
+    DIR_MODE,
+    FILE_MODE,
+    LINK_HINT,
+    Found,
+    NotFound,
+    VolumeError,
+    closing_fd,
+    kind,
+    open_dir,
+    open_regular,
+    scan,
+)
+
+if TYPE_CHECKING:
+    from fleet_rlm.config import Settings
 
 DURABLE_ROOTS = ("memory", "artifacts", "buffers", "meta")
+DEFAULT_QUOTA_MB = 1024
+DEFAULT_MAX_FILES = 100_000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _REF = re.compile(r"(?:vol:(?://)?|volume://)([^/]+)(?:/(.*))?", re.DOTALL)
 
-
-class VolumeError(Exception):
-    """A volume operation was refused or failed; the message says why."""
+__all__ = ["DURABLE_ROOTS", "LocalVolumes", "VolumeError", "parse_volume_ref", "volume_uri"]
 
 
 def parse_volume_ref(s: str) -> tuple[str, str] | None:
@@ -42,34 +67,36 @@ def volume_uri(name: str, path: str = "") -> str:
     return f"vol:{name}/{path.lstrip('/')}" if path else f"vol:{name}"
 
 
-def _entry(rel: str, st: os.stat_result) -> dict[str, Any]:
-    is_dir = stat.S_ISDIR(st.st_mode)
-    return {
-        "path": rel,
-        "type": "dir" if is_dir else "file",
-        "size": 0 if is_dir else st.st_size,
-        "mtime": st.st_mtime,
-    }
+def _entry(found: Found) -> dict[str, Any]:
+    """A listing row; ``type`` is file, dir, link or other, from an lstat (links never followed)."""
+    what = kind(found.mode)
+    return {"path": found.rel, "type": what, "size": found.size if what == "file" else 0, "mtime": found.mtime}
+
+
+def _where(name: str) -> str:
+    return f"in volume {name!r}"
 
 
 class LocalVolumes:
-    """Volumes stored as folders under ``root``."""
+    """Volumes stored as folders under ``root``, each limited to ``quota_mb`` and ``max_files`` entries."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, quota_mb: int = DEFAULT_QUOTA_MB, max_files: int = DEFAULT_MAX_FILES) -> None:
         self.root = Path(root)
+        self.quota = Quota(max_bytes=quota_mb * 1024 * 1024, max_files=max_files)
 
-    # -- names and paths ------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LocalVolumes:
+        return cls(settings.volumes_root, quota_mb=settings.volume_quota_mb, max_files=settings.volume_max_files)
 
-    def _volume_dir(self, name: str, *, must_exist: bool = True) -> Path:
+    # -- names, paths and fds -------------------------------------------------------------------
+
+    @staticmethod
+    def _check_name(name: str) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise VolumeError(
                 f"invalid volume name {name!r}: use 1-64 letters, digits, '_', '.' or '-',"
                 " starting with a letter or digit"
             )
-        vol = self.root / name
-        if must_exist and not vol.is_dir():
-            raise VolumeError(f"no volume {name!r}")
-        return vol
 
     @staticmethod
     def _parts(name: str, path: str) -> list[str]:
@@ -85,106 +112,149 @@ class LocalVolumes:
             raise VolumeError(f"path {path!r} escapes volume {name!r}")
         return parts
 
-    def _resolve(self, name: str, path: str, *, follow_final: bool = True) -> tuple[Path, str]:
-        """Return (absolute path, normalised relative path), refusing escapes.
+    def _root_fd(self, *, create: bool) -> int | None:
+        """The volumes folder (host-created, opened with O_NOFOLLOW); None if it does not exist."""
+        if create:
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        try:
+            return os.open(self.root, DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise VolumeError(f"the volumes folder {self.root} is not a folder (a link or a file): {exc}") from None
 
-        ``follow_final=False`` resolves only the parent, so a symlink itself
-        (rather than its target) can be deleted.
-        """
-        vol = self._volume_dir(name)
-        parts = self._parts(name, path)
-        rel = "/".join(parts)
-        base = vol.resolve()
-        target = vol.joinpath(*parts)
-        resolved = target.resolve() if follow_final or not parts else target.parent.resolve() / parts[-1]
-        # resolve() follows every existing symlink, so this also catches links
-        # (anywhere along the path) that point outside the volume.
-        if not resolved.is_relative_to(base):
-            raise VolumeError(f"path {path!r} escapes volume {name!r}")
-        return resolved, rel
+    def _volume_fd(self, name: str, *, create: bool = False) -> int:
+        """An fd for the volume's own folder (never through a link); created with its roots if asked."""
+        self._check_name(name)
+        root = self._root_fd(create=create)
+        if root is None:
+            raise VolumeError(f"no volume {name!r}")
+        with closing_fd(root):
+            try:
+                vol = open_dir(root, [name], "among the volumes", create=create)
+            except NotFound:
+                raise VolumeError(f"no volume {name!r}") from None
+        if create:
+            try:
+                for sub in DURABLE_ROOTS:
+                    os.close(open_dir(vol, [sub], _where(name), create=True))
+            except BaseException:
+                os.close(vol)
+                raise
+        return vol
 
-    def _real_parts(self, name: str, resolved: Path) -> tuple[str, ...]:
-        """Segments of an already-resolved path, relative to the volume's real folder."""
-        return resolved.relative_to(self._volume_dir(name).resolve()).parts
-
-    # -- volumes --------------------------------------------------------------
+    @contextlib.contextmanager
+    def _folder(self, name: str, parts: list[str]) -> Iterator[int]:
+        """An fd for folder ``parts`` of volume ``name`` (the volume's own folder for [])."""
+        with closing_fd(self._volume_fd(name)) as vol, closing_fd(open_dir(vol, parts, _where(name))) as fd:
+            yield fd
 
     def ensure(self, name: str) -> Path:
         """Create the volume (and its durable roots) if missing; return its folder."""
-        vol = self._volume_dir(name, must_exist=False)
-        for sub in DURABLE_ROOTS:
-            (vol / sub).mkdir(parents=True, exist_ok=True)
-        return vol
+        os.close(self._volume_fd(name, create=True))
+        return self.root / name
 
     def path(self, name: str) -> Path:
-        return self._volume_dir(name)
+        """The volume's host folder, for mounting it; refused if it is missing or a link."""
+        os.close(self._volume_fd(name))
+        return self.root / name
 
-    def resolve(self, name: str, path: str) -> Path:
-        """The host path of ``path`` inside volume ``name``; refuses anything that escapes it."""
-        return self._resolve(name, path)[0]
+    # -- volumes --------------------------------------------------------------------------------
+
+    def _contents(self, vol: int) -> list[Found]:
+        """Everything in a volume except the durable roots themselves (those are the host's)."""
+        return [e for e in scan(vol) if not (len(e.parts) == 1 and e.is_dir and e.parts[0] in DURABLE_ROOTS)]
+
+    def usage(self, name: str) -> Usage:
+        with closing_fd(self._volume_fd(name)) as vol:
+            return measure(self._contents(vol))
 
     def list_volumes(self) -> list[dict[str, Any]]:
-        if not self.root.is_dir():
+        """Each volume's entry count and bytes, with its quota (``files`` counts every entry)."""
+        root = self._root_fd(create=False)
+        if root is None:
             return []
         out = []
-        for child in sorted(self.root.iterdir()):
-            if not (_NAME.fullmatch(child.name) and child.is_dir() and not child.is_symlink()):
-                continue
-            files = size = 0
-            for dirpath, _dirs, filenames in os.walk(child):  # does not follow symlinks
-                for fn in filenames:
-                    st = os.lstat(os.path.join(dirpath, fn))
-                    if stat.S_ISREG(st.st_mode):
-                        files += 1
-                        size += st.st_size
-            out.append({"name": child.name, "files": files, "bytes": size})
+        with closing_fd(root), os.scandir(root) as entries:
+            names = sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+        for name in names:
+            try:
+                used = self.usage(name)
+            except VolumeError:
+                continue  # removed or replaced by a link since it was listed
+            out.append({
+                "name": name, "files": used.files, "bytes": used.bytes,
+                "quota_bytes": self.quota.max_bytes, "max_files": self.quota.max_files,
+            })  # fmt: skip
         return out
 
     def delete_volume(self, name: str) -> None:
-        vol = self._volume_dir(name)
-        shutil.rmtree(vol)  # removes symlinks themselves, never their targets
+        self._check_name(name)
+        root = self._root_fd(create=False)
+        if root is None:
+            raise VolumeError(f"no volume {name!r}")
+        with closing_fd(root):
+            try:
+                st = os.stat(name, dir_fd=root, follow_symlinks=False)
+            except FileNotFoundError:
+                raise VolumeError(f"no volume {name!r}") from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise VolumeError(f"volume {name!r} is not a folder: refusing to delete through it")
+            # rmtree with dir_fd opens every folder with O_NOFOLLOW and checks it is the one it
+            # lstat'ed, so links are removed, never their targets, even if swapped in meanwhile.
+            shutil.rmtree(name, dir_fd=root)
 
-    # -- files ----------------------------------------------------------------
+    def enforce_quota(self, name: str, since: float) -> str | None:
+        """After a sandbox step started at ``since``: trim what it wrote past the quota.
+
+        Returns the message for the model, or None when the volume is within its quota.
+        """
+        try:
+            vol = self._volume_fd(name)
+        except VolumeError:
+            return None
+        with closing_fd(vol):
+            return trim(vol, name, self._contents(vol), self.quota, since)
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def stat(self, name: str, path: str) -> dict[str, Any]:
+        """The listing row of one entry (an lstat: a link is reported as ``link``, not followed)."""
+        parts = self._parts(name, path)
+        with self._folder(name, parts[:-1]) as parent:
+            if not parts:
+                return _entry(Found.of((), os.fstat(parent)))
+            try:
+                return _entry(Found.of(tuple(parts), os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)))
+            except FileNotFoundError:
+                raise VolumeError(f"no file {'/'.join(parts)!r} {_where(name)}") from None
 
     def list_files(self, name: str, path: str = "", recursive: bool = False) -> list[dict[str, Any]]:
-        """Entries under ``path`` (relative to the volume), sorted by path."""
-        target, rel = self._resolve(name, path)
-        if not target.exists():
-            raise VolumeError(f"no folder {rel!r} in volume {name!r}")
-        if not target.is_dir():
-            raise VolumeError(f"{rel!r} in volume {name!r} is a file, not a folder")
-        base = self._volume_dir(name).resolve()
-        out = []
-        stack = [(target, rel)]
-        while stack:
-            folder, folder_rel = stack.pop()
-            for child in folder.iterdir():
-                child_rel = f"{folder_rel}/{child.name}" if folder_rel else child.name
-                try:
-                    real = child.resolve()
-                    st = real.stat()
-                except OSError:
-                    continue  # dangling symlink
-                if not real.is_relative_to(base):
-                    continue  # symlink pointing outside: not part of the volume
-                out.append(_entry(child_rel, st))
-                if recursive and stat.S_ISDIR(st.st_mode) and not child.is_symlink():
-                    stack.append((child, child_rel))
-        return sorted(out, key=lambda e: e["path"])
+        """Entries under ``path`` (relative to the volume), sorted by path; links listed, not followed."""
+        parts = self._parts(name, path)
+        with self._folder(name, parts) as folder:
+            found = scan(folder, tuple(parts), recursive=recursive)
+        return sorted((_entry(e) for e in found), key=lambda e: e["path"])
+
+    def open_file(self, name: str, path: str) -> tuple[int, os.stat_result]:
+        """An fd (and its fstat) for a regular file of the volume; the caller closes it.
+
+        Links anywhere on the path are refused; pipes, sockets and devices are refused without blocking.
+        """
+        parts = self._parts(name, path)
+        if not parts:
+            raise VolumeError(f"the root of volume {name!r} is a folder, not a file")
+        with self._folder(name, parts[:-1]) as parent:
+            return open_regular(parent, parts[-1], "/".join(parts), _where(name))
 
     def read(self, name: str, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """Read ``length`` bytes (all if None) starting at byte ``offset``."""
         if offset < 0 or (length is not None and length < 0):
             raise VolumeError("offset and length must not be negative")
-        target, rel = self._resolve(name, path)
-        if target.is_dir():
-            raise VolumeError(f"{rel!r} in volume {name!r} is a folder, not a file")
-        try:
-            with target.open("rb") as f:
-                f.seek(offset)
-                return f.read() if length is None else f.read(length)
-        except FileNotFoundError:
-            raise VolumeError(f"no file {rel!r} in volume {name!r}") from None
+        fd, _ = self.open_file(name, path)
+        with os.fdopen(fd, "rb") as f:
+            f.seek(offset)
+            return f.read() if length is None else f.read(length)
 
     def read_text(self, name: str, path: str, offset: int = 0, length: int | None = None) -> str:
         # errors="replace": a byte range may cut a UTF-8 character in half.
@@ -201,59 +271,93 @@ class LocalVolumes:
         """Write a whole file (creating the volume and parent folders); return its entry.
 
         With ``roots``, the path must lie under one of those top-level folders
-        (e.g. ``("memory", "artifacts")`` for writes coming from a model).
+        (e.g. ``("memory", "artifacts")`` for writes coming from a model). A write that would take
+        the volume over its quota is refused.
         """
         parts = self._parts(name, path)
         if not parts:
             raise VolumeError(f"cannot write to the root of volume {name!r}; give a file path")
         if roots is not None and (len(parts) < 2 or parts[0] not in roots):
             allowed = ", ".join(f"{r}/" for r in roots) or "nothing"
-            raise VolumeError(
-                f"cannot write {path!r} in volume {name!r}: writes are allowed only under {allowed}"
-            )
-        self.ensure(name)
-        target, rel = self._resolve(name, path)
-        # Check roots on the real location too: a symlink under memory/ must
-        # not become a way to write into buffers/ or meta/.
-        real = self._real_parts(name, target)
-        if roots is not None and (len(real) < 2 or real[0] not in roots):
-            raise VolumeError(
-                f"cannot write {path!r} in volume {name!r}: it leads outside {', '.join(roots)}"
-            )
-        if target.is_dir():
-            raise VolumeError(f"{rel!r} in volume {name!r} is a folder, not a file")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # mkdir may have followed a symlinked folder created concurrently: re-check.
-        target, rel = self._resolve(name, path)
+            raise VolumeError(f"cannot write {path!r} in volume {name!r}: writes are allowed only under {allowed}")
+        rel = "/".join(parts)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        # Write a temp file and rename it, so readers never see half a file.
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with closing_fd(self._volume_fd(name, create=True)) as vol:
+            self._check_room(vol, name, parts, len(payload))
+            with closing_fd(open_dir(vol, parts[:-1], _where(name), create=True)) as parent:
+                st = self._replace(parent, parts[-1], payload, rel, name)
+        return _entry(Found.of(tuple(parts), st))
+
+    def _check_room(self, vol: int, name: str, parts: list[str], size: int) -> None:
+        """Refuse a write of ``size`` bytes at ``parts`` over a folder or link, or past the quota."""
+        contents = self._contents(vol)
+        known = {e.parts: e for e in contents}
+        old = known.get(tuple(parts))
+        if old is not None and old.is_dir:
+            raise VolumeError(f"{'/'.join(parts)!r} in volume {name!r} is a folder, not a file")
+        if old is not None and kind(old.mode) == "link":  # the rename would replace it, never follow it
+            raise VolumeError(f"{'/'.join(parts)!r} in volume {name!r} is a symbolic link: {LINK_HINT}")
+        new_folders = sum(tuple(parts[:i]) not in known for i in range(2, len(parts)))
+        used = measure(contents)
+        after = Usage(
+            used.files + new_folders + (old is None),
+            used.bytes + size - (old.size if old is not None and old.is_file else 0),
+        )
+        if not after.within(self.quota):
+            raise VolumeError(
+                f"writing {human(size)} to {'/'.join(parts)!r} refused: "
+                + over_message(name, after, self.quota, verb="would be")
+                + ". Delete files from the volume or raise the limit."
+            )
+
+    @staticmethod
+    def _replace(parent: int, final: str, payload: bytes, rel: str, name: str) -> os.stat_result:
+        """Write a temp file beside ``final`` and rename it over, so readers never see half a file.
+
+        The rename replaces whatever is at ``final`` (a link is replaced, not followed).
+        """
+        tmp = f".fleet-write-{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, CREATE_FLAGS, FILE_MODE, dir_fd=parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+                f.flush()
+                st = os.fstat(f.fileno())
+            os.replace(tmp, final, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=parent)
+            if isinstance(exc, IsADirectoryError):
+                raise VolumeError(f"{rel!r} in volume {name!r} is a folder, not a file") from None
             raise
-        return _entry(rel, target.stat())
+        return st
 
     def delete(self, name: str, path: str) -> None:
-        """Delete a file, symlink or empty folder (never the volume root or a durable root)."""
+        """Delete a file, link or empty folder (never the volume root or a durable root).
+
+        A link is removed itself; its target is never touched.
+        """
         parts = self._parts(name, path)
         if not parts:
             raise VolumeError(f"refusing to delete the root of volume {name!r}; use delete_volume")
         if len(parts) == 1 and parts[0] in DURABLE_ROOTS:
             raise VolumeError(f"refusing to delete durable folder {parts[0]!r} of volume {name!r}")
-        target, rel = self._resolve(name, path, follow_final=False)
-        real = self._real_parts(name, target)
-        if not real or (len(real) == 1 and real[0] in DURABLE_ROOTS):  # reached via a symlink
-            raise VolumeError(f"refusing to delete {path!r}: it is the volume root or a durable folder")
-        if target.is_symlink() or target.is_file():
-            target.unlink()
-        elif target.is_dir():
+        rel, final = "/".join(parts), parts[-1]
+        with self._folder(name, parts[:-1]) as parent:
             try:
-                target.rmdir()
-            except OSError:
-                raise VolumeError(f"folder {rel!r} in volume {name!r} is not empty") from None
-        else:
-            raise VolumeError(f"no file {rel!r} in volume {name!r}")
+                if stat.S_ISDIR(os.stat(final, dir_fd=parent, follow_symlinks=False).st_mode):
+                    os.rmdir(final, dir_fd=parent)
+                else:
+                    os.unlink(final, dir_fd=parent)
+            except FileNotFoundError:
+                raise VolumeError(f"no file {rel!r} in volume {name!r}") from None
+            except OSError as exc:
+                raise _delete_error(exc, rel, name) from None
+
+
+def _delete_error(exc: OSError, rel: str, name: str) -> VolumeError:
+    if exc.errno == errno.ENOTEMPTY:
+        return VolumeError(f"folder {rel!r} in volume {name!r} is not empty")
+    if exc.errno in (errno.EISDIR, errno.ENOTDIR):
+        return VolumeError(f"{rel!r} in volume {name!r} changed while it was being deleted; try again")
+    return VolumeError(f"cannot delete {rel!r} in volume {name!r}: {exc.strerror}")

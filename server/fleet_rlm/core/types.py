@@ -1,0 +1,233 @@
+"""The vocabulary every face shares: run requests and results, statuses, event kinds and payloads.
+
+A leaf: it imports nothing of DSPy and nothing of this package but the error classes, so the CLI,
+MCP, web and desktop faces can import it for free, and core modules depend on it, not on each other.
+
+Events travel in a versioned envelope (``EVENT_VERSION``)::
+
+    {"v": 1, "run_id", "seq", "ts", "kind", "node", "parent", "depth", "data"}
+
+``seq`` is gap-free per run. ``data`` is the payload of its kind, one ``TypedDict`` below each;
+``docs/events.schema.json`` is the published JSON Schema of the envelope and every payload.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal, TypedDict
+
+from fleet_rlm.core.errors import UserError
+
+# -- run statuses -----------------------------------------------------------------------------
+
+RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "interrupted"]
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+SUCCEEDED: Final = "succeeded"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+INTERRUPTED: Final = "interrupted"
+STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED)
+ACTIVE_STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING)
+FINAL_STATUSES: Final[tuple[RunStatus, ...]] = (SUCCEEDED, FAILED, CANCELLED, INTERRUPTED)
+
+# -- events -----------------------------------------------------------------------------------
+
+EVENT_VERSION: Final = 1
+RUN_STARTED: Final = "run.started"
+RUN_FINISHED: Final = "run.finished"
+CONTEXT_LOADED: Final = "context.loaded"
+LM_CALL: Final = "lm.call"
+CODE_EXECUTED: Final = "code.executed"
+SUBCALL_FINISHED: Final = "subcall.finished"
+CHILD_STARTED: Final = "child.started"
+CHILD_FINISHED: Final = "child.finished"
+WARNING: Final = "warning"
+EventKind = Literal[
+    "run.started",
+    "run.finished",
+    "context.loaded",
+    "lm.call",
+    "code.executed",
+    "subcall.finished",
+    "child.started",
+    "child.finished",
+    "warning",
+]
+EVENT_KINDS: Final = frozenset(
+    {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED, CHILD_STARTED,
+     CHILD_FINISHED, WARNING}
+)
+
+
+class Event(TypedDict):
+    """The envelope. ``node`` is "root" or a child such as "root.2"; ``parent`` its parent node."""
+
+    v: int
+    run_id: str
+    seq: int
+    ts: float
+    kind: str
+    node: str
+    parent: str | None
+    depth: int
+    data: dict[str, Any]
+
+
+class Usage(TypedDict, total=False):
+    """Tokens and cost of one model call (every field may be missing when the provider is silent)."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float | None
+    latency: float
+
+
+class RunStartedData(TypedDict):
+    question: str  # capped at 2,000 characters
+    limits: dict[str, Any]
+    session_id: str | None
+
+
+class RunFinishedData(TypedDict):
+    """Always the last event of a run."""
+
+    status: RunStatus
+    answer: str | None
+    stop_reason: str | None
+    error: str | None
+    usage: dict[str, Any]  # {"total": {...}, "by_model": {model: {...}}}
+    iterations: int
+    llm_calls: int
+    seconds: float
+
+
+class ContextLoadedData(TypedDict):
+    chars: int
+    sources: int
+    skipped: list[str]
+    report: str
+
+
+class LmCallData(Usage):
+    """One root-model step (``predictor`` "act") or the final extraction ("extract")."""
+
+    step: int
+    predictor: Literal["act", "extract"]
+    reasoning: str
+
+
+class CodeExecutedData(TypedDict, total=False):
+    step: int
+    code: str
+    output: str  # what the model saw (capped head+tail)
+    output_chars: int
+    error: str | None
+    error_kind: str | None
+    duration: float
+    submitted: bool
+
+
+class SubcallFinishedData(Usage, total=False):
+    """One ``llm_query`` (``batch`` set when it was part of ``llm_query_batched``)."""
+
+    prompt_preview: str
+    prompt_chars: int
+    response_preview: str
+    response_chars: int
+    error: str | None
+    batch: dict[str, int]  # {"id", "index", "size"}
+
+
+class ChildStartedData(TypedDict):
+    query_preview: str
+    query_chars: int
+    context_chars: int
+
+
+class ChildFinishedData(TypedDict):
+    status: str
+    answer_preview: str
+    iterations: int
+    stop_reason: str | None
+    error: str | None
+    seconds: float
+
+
+class WarningData(TypedDict):
+    message: str
+
+
+PAYLOADS: Final[dict[str, type]] = {
+    RUN_STARTED: RunStartedData,
+    RUN_FINISHED: RunFinishedData,
+    CONTEXT_LOADED: ContextLoadedData,
+    LM_CALL: LmCallData,
+    CODE_EXECUTED: CodeExecutedData,
+    SUBCALL_FINISHED: SubcallFinishedData,
+    CHILD_STARTED: ChildStartedData,
+    CHILD_FINISHED: ChildFinishedData,
+    WARNING: WarningData,
+}
+
+# -- requests and results ---------------------------------------------------------------------
+
+_LIMITS = ("max_iters", "max_depth", "max_llm_calls", "max_seconds", "max_cost")
+
+
+@dataclass
+class RunRequest:
+    """What a face asks for. Limits left as None take the settings' values.
+
+    Construction checks what can be checked without the settings or the file system, so a bad
+    request never becomes a recorded run."""
+
+    question: str
+    context_paths: list[str] = field(default_factory=list)
+    context_text: list[str] = field(default_factory=list)
+    session_id: str | None = None
+    volume: str | None = None
+    max_iters: int | None = None
+    max_depth: int | None = None
+    max_llm_calls: int | None = None
+    max_seconds: float | None = None
+    max_cost: float | None = None
+    include_hidden: bool = False  # hidden and ignored files of context folders
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise UserError("the question is empty: say what you want to know")
+        for name in _LIMITS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(f"{name} must be a number, not {value!r}")
+            if name == "max_depth" and value < 0:
+                raise UserError(f"max_depth must be 0 or more (0: rlm_query is a plain model call), not {value}")
+            if name != "max_depth" and value <= 0:
+                raise UserError(f"{name} must be more than 0, not {value}: leave it unset for the default")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["context_text"] = [f"({len(t):,} chars)" for t in self.context_text]  # keep rows small
+        return data
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: RunStatus
+    answer: str | None
+    iterations: int
+    llm_calls: int
+    usage: dict[str, Any]
+    seconds: float
+    stop_reason: str | None = None
+    error: str | None = None
+    session_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

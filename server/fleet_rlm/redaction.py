@@ -1,0 +1,94 @@
+"""Masking secrets out of everything fleet-rlm writes, shows or hands back into a sandbox.
+
+Two nets, applied together by ``redact_text`` (strings) and ``redact`` (JSON-like data):
+
+* the configured secret values themselves (every key the settings hold), registered by
+  ``Settings`` when it loads, so a provider error that echoes a header or a key in any shape
+  of text is masked whatever the key looks like;
+* key-shaped patterns (``sk-...``, ``Bearer ...``, GitHub/Hugging Face/Slack tokens) for keys
+  fleet-rlm was never told about, and values under secret-looking dict keys (``api_key``, ...).
+
+Imports only the standard library: the CLI's ``--help`` and the MCP server's startup load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["MASK", "MIN_SECRET_CHARS", "RedactingFormatter", "redact", "redact_text", "remember_secrets"]
+
+MASK = "***"
+# Shorter values are not masked by value: masking "abc" everywhere would mangle ordinary text,
+# and a key that short protects nothing anyway.
+MIN_SECRET_CHARS = 8
+
+_SECRET_KEY_PARTS = ("api_key", "key", "token", "password", "secret", "authorization")
+# Usage counters ("prompt_tokens", "max_tokens", ...) contain "token" but are
+# not secrets, and masking them would break cost reporting.
+_NOT_SECRET_KEY = re.compile(r"tokens", re.IGNORECASE)
+# Not preceded by a letter/digit, so "task-..." is left alone but "KEY_sk-..." is not.
+_SECRET_SHAPE = re.compile(
+    r"(?<![A-Za-z0-9])(?:"
+    r"sk-[A-Za-z0-9_\-]{8,}"  # OpenAI / Anthropic style keys
+    r"|Bearer\s+[A-Za-z0-9._~+/=\-]{8,}"  # HTTP authorization values (not "bearer of")
+    r"|(?:ghp|gho|github_pat|hf|xox[abp])_[A-Za-z0-9_]{16,}"  # GitHub, Hugging Face, Slack
+    r")",
+    re.IGNORECASE,
+)
+
+_lock = threading.Lock()
+_known: frozenset[str] = frozenset()
+_known_pattern: re.Pattern[str] | None = None  # None: no secret configured, skip the pass
+
+
+def remember_secrets(values: Iterable[str | None]) -> None:
+    """Add secret values to mask from now on, in this process (values too short are ignored)."""
+    global _known, _known_pattern
+    fresh = {v for v in values if v and len(v) >= MIN_SECRET_CHARS}
+    if fresh <= _known:  # the common case: the same settings loaded again
+        return
+    with _lock:
+        known = _known | fresh
+        # Longest first, so a key that contains another is masked whole.
+        alternation = "|".join(re.escape(v) for v in sorted(known, key=len, reverse=True))
+        _known_pattern, _known = re.compile(alternation), frozenset(known)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every configured secret value and key-shaped string replaced by ``***``."""
+    pattern = _known_pattern
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    return _SECRET_SHAPE.sub(MASK, text)
+
+
+def _secret_key(key: object) -> bool:
+    k = str(key).lower()
+    return any(part in k for part in _SECRET_KEY_PARTS) and not _NOT_SECRET_KEY.search(k)
+
+
+def redact(data: Any) -> Any:
+    """Return a copy of ``data`` with secrets masked.
+
+    Values under keys that look secret (``api_key``, ``token``, ``password``, ... matched
+    case-insensitively as substrings) become ``"***"``; every string goes through
+    ``redact_text``.
+    """
+    if isinstance(data, dict):
+        return {k: (MASK if v is not None else None) if _secret_key(k) else redact(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact(v) for v in data]
+    if isinstance(data, str):
+        return redact_text(data)
+    return data
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose output (message, arguments and traceback) never shows a secret."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))

@@ -1,0 +1,72 @@
+"""What fleet-rlm keeps on disk (questions, answers, traces, settings) is readable by its user only."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.types import RunRequest
+from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.anyio
+
+BIN = Path(sys.executable).parent
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The common default umask (022), so files are group/world-readable unless made private."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.usefixtures("open_umask")
+async def test_home_store_and_scratch_are_private_after_a_run(fleet_env: dict[str, str], oracle: OracleLM) -> None:
+    oracle.add(Scenario("private", ["SUBMIT('ok')"]))
+    home = Path(fleet_env["FLEET_HOME"])
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("private", context_text=["x"]))
+        assert result.answer == "ok"
+        db_files = {p.name: mode(p) for p in home.iterdir() if p.name.startswith("fleet.db")}
+    assert {"fleet.db", "fleet.db-wal", "fleet.db-shm"} <= set(db_files), db_files  # taken while open
+    assert set(db_files.values()) == {0o600}, db_files
+    assert mode(home) == 0o700 and mode(home / "work") == 0o700
+    assert mode(home / "fleet.db") == 0o600
+
+
+@pytest.mark.usefixtures("open_umask")
+async def test_an_older_open_home_is_tightened(fleet_env: dict[str, str]) -> None:
+    home = Path(fleet_env["FLEET_HOME"])
+    home.mkdir(mode=0o755)
+    (home / "fleet.db").touch(mode=0o644)
+    async with Engine():
+        pass
+    assert mode(home) == 0o700 and mode(home / "fleet.db") == 0o600
+
+
+def test_settings_file_is_private(fleet_env: dict[str, str]) -> None:
+    env = {**os.environ, **fleet_env}
+    out = subprocess.run(
+        [str(BIN / "fleet-rlm"), "config", "set", "max_iters", "7"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        umask=0o022,
+    )
+    assert out.returncode == 0, out.stderr
+    settings = Path(fleet_env["FLEET_HOME"]) / "settings.json"
+    assert '"max_iters": "7"' in settings.read_text()
+    assert mode(settings) == 0o600 and mode(settings.parent) == 0o700

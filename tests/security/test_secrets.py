@@ -1,0 +1,164 @@
+"""The configured keys themselves never leave the host process: not in events, run errors, the
+SQLite file, MCP replies, logs, or the text the sandbox's code gets back from a failed call.
+
+The scripted model server plays a careless provider: its 400/401/500 replies quote the request's
+Authorization header and the bare key. The root key is deliberately not key-shaped ("live…", no
+"sk-" prefix), so only masking the configured value itself can hide it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+from mcp.client.stdio import stdio_client
+
+from fleet_rlm.config import Settings
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.types import RunRequest
+from fleet_rlm.redaction import RedactingFormatter, redact_text
+from mcp import Client, StdioServerParameters
+from tests.mcp.conftest import fleet_mcp_command, server_env
+from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.anyio
+
+ROOT_KEY = "live" + secrets.token_hex(16)
+SUB_KEY = "sk-live-" + secrets.token_hex(16)
+KEYS = (ROOT_KEY, SUB_KEY)
+STATUSES = (400, 401, 500)
+
+# The sandbox's code keeps what the failed calls told it, in a volume file and in its answer.
+CATCH_STEP = """
+import os
+caught = []
+try:
+    llm_query("hello")
+except Exception as exc:
+    caught.append(f"{type(exc).__name__}: {exc}")
+caught += llm_query_batched(["a", "b"])
+with open(os.path.join(volumes["leak"], "artifacts", "caught.txt"), "w") as f:
+    f.write("\\n".join(caught))
+SUBMIT("\\n".join(caught))
+"""
+
+
+@pytest.fixture
+def keyed_env(fleet_env: dict[str, str], oracle: OracleLM, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    oracle.state.echo_secrets = True
+    keys = {"FLEET_LM_API_KEY": ROOT_KEY, "FLEET_SUB_LM_API_KEY": SUB_KEY}
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    oracle.add(Scenario("echo root", ["SUBMIT('never reached')"]))
+    oracle.add(Scenario("catch sub", [CATCH_STEP]))
+    return {**fleet_env, **keys}
+
+
+def assert_no_key(text: str | bytes, where: str) -> None:
+    data = text.encode() if isinstance(text, str) else text
+    for key in KEYS:
+        assert key.encode() not in data, f"a configured key leaked into {where}"
+
+
+def assert_home_clean(home: Path) -> None:
+    """Every file under FLEET_HOME, the SQLite database and its -wal included, byte by byte."""
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert any(p.name == "fleet.db" for p in files)
+    for path in files:
+        assert_no_key(path.read_bytes(), str(path))
+
+
+def keys_were_sent(oracle: OracleLM) -> None:
+    """The provider really received (and so echoed) both keys: the test is not vacuous."""
+    sent = {r.auth for r in oracle.requests()}
+    assert f"Bearer {ROOT_KEY}" in sent and f"Bearer {SUB_KEY}" in sent
+
+
+async def test_model_errors_never_show_the_key(keyed_env: dict[str, str], oracle: OracleLM) -> None:
+    home = Path(keyed_env["FLEET_HOME"])
+    async with Engine() as engine:
+        failed = []
+        for status in STATUSES:
+            oracle.state.fail_kind = {"root": status}
+            failed.append(await engine.run(RunRequest("echo root", context_text=["x"])))
+        caught = []
+        for status in STATUSES:
+            oracle.state.fail_kind = {"sub": status}
+            caught.append(await engine.run(RunRequest("catch sub", context_text=["x"], volume="leak")))
+            sandbox_file = engine.volumes.path("leak") / "artifacts" / "caught.txt"
+            seen = sandbox_file.read_text()
+            # The failures did reach the sandbox's code (as an exception and as [ERROR] slots) ...
+            assert seen.startswith("RuntimeError: ") and seen.count("[ERROR]") == 2, seen
+            assert_no_key(seen, "the text llm_query handed back into the sandbox")  # ... masked
+        runs = engine.list_runs(limit=50)
+        events = [e for run in runs for e in engine.events(run.id)]
+        assert_home_clean(home)  # while open: the -wal file holds the latest writes
+    keys_were_sent(oracle)
+
+    assert [r.status for r in failed] == ["failed"] * 3
+    for result in failed:
+        assert_no_key(json.dumps(result.to_dict()), "a failed run's result")
+    for result in (failed[0], failed[2]):  # 400 and 500: the provider's own words got through, masked
+        assert "injected failure: request had Authorization: Bearer ***; the key *** is" in result.error  # type: ignore[operator]
+    assert "rejected the API key" in failed[1].error  # type: ignore[operator]  # 401: our own sentence
+    for result in caught:
+        assert result.status == "succeeded" and result.answer and "[ERROR]" in result.answer
+        assert_no_key(result.answer, "an answer built from a sub-call's error")
+    assert len(runs) == 6 and events
+    for run in runs:
+        assert_no_key(json.dumps(run.__dict__, default=str), f"run {run.id}'s row")
+    assert_no_key(json.dumps(events), "the events")
+    assert_home_clean(home)
+
+
+async def test_mcp_replies_and_logs_never_show_the_key(
+    keyed_env: dict[str, str], oracle: OracleLM, tmp_path: Path
+) -> None:
+    """Through the real `fleet-mcp` over stdio: its own settings register the keys it must mask."""
+    command, *args = fleet_mcp_command()
+    env = server_env(keyed_env) | {"FLEET_MCP_LOG_LEVEL": "DEBUG"}
+    params = StdioServerParameters(command=command, args=args, env=env, cwd=str(tmp_path))
+    log = tmp_path / "server.log"
+    replies = []
+    with log.open("w") as errlog:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            oracle.state.fail_kind = {"root": 500}
+            ran = await client.call_tool("run", {"question": "echo root", "context_text": "x"})
+            assert ran.structured_content["status"] == "failed"  # type: ignore[index]
+            replies.append(ran)
+            state = await client.call_tool("get_run", {"run_id": ran.structured_content["run_id"]})  # type: ignore[index]
+            replies.append(state)
+            oracle.state.fail_kind = {"sub": 400}
+            replies.append(
+                await client.call_tool("run", {"question": "catch sub", "context_text": "x", "volume": "leak"})
+            )
+            oracle.state.fail_kind = {"sub": 500}  # doctor's one-line probe looks like a sub-query
+            doctor = await client.call_tool("doctor", {"offline": False})
+            assert doctor.structured_content["checks"]["model"]["ok"] is False  # type: ignore[index]
+            replies.append(doctor)
+    keys_were_sent(oracle)
+    assert "injected failure" in json.dumps(replies[0].structured_content)
+    assert "[ERROR]" in replies[2].structured_content["answer"]  # type: ignore[index]
+    assert "injected failure" in json.dumps(replies[3].structured_content)
+    for reply in replies:
+        assert_no_key(reply.model_dump_json(), "an MCP tool reply")
+    assert_no_key(log.read_text(), "the MCP server's log")
+    assert_home_clean(Path(keyed_env["FLEET_HOME"]))
+
+
+def test_loaded_secrets_are_masked_in_any_text_and_in_logs(fleet_env: dict[str, str]) -> None:
+    value = "zz" + secrets.token_hex(8)  # nothing about it looks like a key
+    assert redact_text(f"a{value}b") == f"a{value}b"
+    Settings(daytona_api_key=value)  # loading settings registers every secret they hold
+    assert redact_text(f"a{value}b") == "a***b"
+    try:
+        raise RuntimeError(f"provider said {value}")
+    except RuntimeError:
+        record = logging.LogRecord("t", logging.ERROR, __file__, 1, "call failed: %s", (value,), sys.exc_info())
+    assert value not in RedactingFormatter().format(record)  # message, arguments and traceback
+    Settings(lm_api_key="short")  # too short to mask by value: ordinary words must survive
+    assert redact_text("a short story") == "a short story"
