@@ -25,6 +25,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from fleet_rlm.core.errors import UserError
 from fleet_rlm.redaction import remember_secrets
 
 KEYRING_SERVICE = "fleet-rlm"
@@ -94,6 +95,10 @@ class Settings(BaseSettings):
     session_idle_seconds: float = Field(1800.0, gt=0, description="Close idle sessions after this.")
     volume_quota_mb: int = Field(1024, ge=1, description="Disk use per local volume; a step past it is trimmed.")
     volume_max_files: int = Field(100_000, ge=1, description="Entries (files, folders, links) per local volume.")
+    upload_max_mb: int = Field(200, ge=1, description="Largest upload (or request body) the web server accepts, MB.")
+    retention_days: int | None = Field(
+        None, ge=1, description="Delete finished runs (with their uploads) older than this; unset: keep them all."
+    )
 
     daytona_api_key: SecretStr | None = Field(
         None, validation_alias=AliasChoices("daytona_api_key", "DAYTONA_API_KEY", "FLEET_DAYTONA_API_KEY")
@@ -125,7 +130,8 @@ class Settings(BaseSettings):
     def allowed_context_roots(self) -> list[Path] | None:
         if not self.context_roots:
             return None
-        return [Path(p).expanduser().resolve() for p in self.context_roots.split(os.pathsep) if p]
+        roots = [Path(p).expanduser().resolve() for p in self.context_roots.split(os.pathsep) if p]
+        return [*roots, self.uploads_root.resolve()]  # files uploaded through the web app are always allowed
 
     @property
     def store_path(self) -> Path:
@@ -138,6 +144,10 @@ class Settings(BaseSettings):
     @property
     def work_root(self) -> Path:
         return self.home / "work"
+
+    @property
+    def uploads_root(self) -> Path:
+        return self.home / "uploads"
 
     @classmethod
     def settings_customise_sources(
@@ -243,7 +253,7 @@ def keyring_delete(name: str) -> bool:
     return True
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A setting is missing or wrong; the message says how to fix it."""
 
 
@@ -297,3 +307,103 @@ def write_user_settings(values: dict[str, Any]) -> None:
     with os.fdopen(fd, "w") as out:
         out.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
+
+
+# -- listing and saving settings (shared by `fleet-rlm config` and the web app) -----------------
+
+SETTING_SOURCES = ("env", "keyring", "dotenv", "file", "default")
+RESTART_ONLY = frozenset({"home"})  # where the store lives: a running server cannot move it
+
+
+def dotenv_settings() -> dict[str, str | None]:
+    """The working directory's ``.env``, keys lower-cased (settings names are case-insensitive)."""
+    if not os.path.isfile(".env"):
+        return {}
+    from dotenv import dotenv_values
+
+    return {k.lower(): v for k, v in dotenv_values(".env").items()}
+
+
+def setting_source(name: str, dotenv: dict[str, str | None], saved: dict[str, Any]) -> str:
+    """Where the value in effect comes from (one of ``SETTING_SOURCES``), in the order settings are read."""
+    env = env_name(name)
+    if os.environ.get(env):
+        return "env"
+    if name in SECRET_FIELDS and _keyring_wanted() and keyring_get(name):
+        return "keyring"
+    if dotenv.get(env.lower()):
+        return "dotenv"
+    return "file" if name in saved and name not in SECRET_FIELDS else "default"
+
+
+def describe_settings() -> list[dict[str, Any]]:
+    """Every setting: its value (never a secret's), where it comes from, and whether the environment
+    hides a saved value (a saved change then has no effect until the variable is unset)."""
+    settings = load_settings()
+    dotenv, saved = dotenv_settings(), read_user_settings()
+    rows = []
+    for name, info in Settings.model_fields.items():
+        secret = name in SECRET_FIELDS
+        value = getattr(settings, name)
+        source = setting_source(name, dotenv, saved)
+        hidden = name in saved or bool(dotenv.get(env_name(name).lower()))
+        if secret and source == "env":
+            hidden = hidden or (_keyring_wanted() and keyring_get(name) is not None)
+        rows.append({
+            "name": name,
+            "env": env_name(name),
+            "value": None if secret or value is None else (str(value) if isinstance(value, Path) else value),
+            "source": source,
+            "secret": secret,
+            "set": value is not None,
+            "overridden_by_env": source == "env" and hidden,
+            "description": info.description or "",
+        })  # fmt: skip
+    return rows
+
+
+def validate_setting(name: str, value: Any, values: dict[str, Any]) -> None:
+    """Reject a bad value before it is saved, in one line naming the setting."""
+    from pydantic import ValidationError
+
+    try:
+        Settings.model_validate({**values, name: value, "home": default_home()})
+    except ValidationError as exc:
+        reasons = "; ".join(str(err.get("msg")) for err in exc.errors())
+        raise UserError(f"{name} = {value!r} is not valid: {reasons}") from None
+
+
+def save_settings(changes: dict[str, Any]) -> None:
+    """Save several settings at once: secrets to the OS keyring, the rest to ``settings.json``.
+
+    A null or empty value removes the saved one. Everything is checked before anything is written,
+    and secrets are refused (with the fix) when no secure keyring is available."""
+    unknown = sorted(set(changes) - set(Settings.model_fields))
+    if unknown:
+        raise UserError(f"unknown setting(s) {', '.join(unknown)}: GET /api/settings or `fleet-rlm config list`")
+    fixed = sorted(set(changes) & RESTART_ONLY)
+    if fixed:
+        raise UserError(f"{', '.join(fixed)} cannot be changed while running: set FLEET_HOME and restart")
+    saved = read_user_settings()
+    for name, value in changes.items():
+        if name in SECRET_FIELDS:
+            if value not in (None, "") and not isinstance(value, str):
+                raise UserError(f"{name} must be a string")
+            continue
+        if value in (None, ""):
+            saved.pop(name, None)
+        else:
+            validate_setting(name, value, {k: v for k, v in saved.items() if k != name})
+            saved[name] = value
+    secrets = {k: v for k, v in changes.items() if k in SECRET_FIELDS}
+    if any(secrets.values()):
+        usable, backend = keyring_status()
+        if not usable or not _keyring_wanted():
+            first = next(k for k, v in secrets.items() if v)
+            raise ConfigError(NO_KEYRING_HELP.format(backend=backend, env=env_name(first)))
+    for name, value in secrets.items():
+        if value:
+            keyring_set(name, value)
+        else:
+            keyring_delete(name)
+    write_user_settings(saved)

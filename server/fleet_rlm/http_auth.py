@@ -12,10 +12,17 @@ it. So HTTP needs a bearer token by default:
 
 ``GET /health`` stays open and says only that the server is up. Standard library and
 Starlette only: no runtime, no MCP.
+
+Browsers (the web UI, the desktop shell's window) cannot put a header on an ``EventSource``, so
+a ``Guard`` with ``cookies=True`` also trades the token for a session cookie: ``POST /api/auth
+{"token": ...}`` answers 204 with ``fleet_session`` (HttpOnly, SameSite=Strict, Path=/), whose
+value is derived from the token (HMAC), not the token itself; ``DELETE /api/auth`` clears it. A
+request carrying that cookie counts as carrying the bearer token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -23,22 +30,28 @@ import os
 import secrets
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet_rlm.config import env_name, secret_setting
+from fleet_rlm.core.errors import UserError
 
 TOKEN_SETTING = "mcp_token"
 TOKEN_ENV = env_name(TOKEN_SETTING)  # FLEET_MCP_TOKEN
 MAX_SESSIONS_ENV = "FLEET_MCP_MAX_SESSIONS"
 DEFAULT_MAX_SESSIONS = 64
 HEALTH_PATH = "/health"
+AUTH_PATH = "/api/auth"
+COOKIE_NAME = "fleet_session"
+_COOKIE_CONTEXT = b"fleet-rlm browser session v1"
+_MAX_AUTH_BODY = 4096
 LOOPBACK_NAMES = ("localhost",)
 
 
-class BindError(ValueError):
+class BindError(UserError):
     """Refused to listen where the server would be exposed without protection."""
 
 
@@ -144,6 +157,42 @@ def bearer_matches(header: bytes | None, token: str) -> bool:
     return same and scheme.lower() == b"bearer" and bool(given)
 
 
+def session_value(token: str) -> str:
+    """What the session cookie holds: derived from the token, so a cookie is never the token itself."""
+    return hmac.new(token.encode(), _COOKIE_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def cookie_matches(header: bytes | None, token: str) -> bool:
+    """Does a ``Cookie`` header carry this token's session cookie? Constant time; blank never matches."""
+    if not header or not token:
+        return False
+    expected, found = session_value(token).encode(), False
+    for part in header.split(b";"):
+        name, _, value = part.strip().partition(b"=")
+        if name == COOKIE_NAME.encode():
+            found = hmac.compare_digest(value.strip(), expected) or found
+    return found
+
+
+def session_cookie(token: str | None) -> bytes:
+    """The ``Set-Cookie`` value for a browser session on ``token``; None clears the cookie."""
+    value = session_value(token) if token else ""
+    expiry = "" if token else "; Max-Age=0"
+    return f"{COOKIE_NAME}={value}; HttpOnly; SameSite=Strict; Path=/{expiry}".encode()
+
+
+async def _read_small(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None past ``limit`` bytes."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > limit:
+            return None
+        if not message.get("more_body"):
+            return body
+
+
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers") or ():
         if key == name:
@@ -159,29 +208,80 @@ async def _send_json(send: Send, status: int, payload: dict[str, object], header
 
 
 class Guard:
-    """ASGI wrapper: ``GET /health`` answers openly; everything else needs the bearer token (if any)."""
+    """ASGI wrapper: ``GET /health`` answers openly; everything else needs the bearer token (if any).
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    ``cookies``: also serve the cookie exchange at ``AUTH_PATH`` and accept the session cookie.
+    ``is_open(path)``: GET/HEAD of such paths needs nothing (static files with no data in them)."""
+
+    def __init__(
+        self, app: ASGIApp, token: str | None, *, cookies: bool = False, is_open: Callable[[str], bool] | None = None
+    ) -> None:
         self.app = app
         self._token = token
+        self._cookies = cookies
+        self._is_open = is_open
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan passes through
             await self.app(scope, receive, send)
             return
-        if scope["path"] == HEALTH_PATH and scope["method"] in ("GET", "HEAD"):
+        path, method = scope["path"], scope["method"]
+        if path == HEALTH_PATH and method in ("GET", "HEAD"):
             await _send_json(send, 200, {"status": "ok"}, [])  # nothing about the machine or the runs
             return
-        if self._token is not None and not bearer_matches(_header(scope, b"authorization"), self._token):
-            await _send_json(
-                send,
-                401,
-                {"error": "unauthorized", "message": "missing or wrong bearer token: send 'Authorization: Bearer "
-                 f"<token>' with the token the server printed at launch, or the configured {TOKEN_ENV}"},
-                [(b"www-authenticate", b'Bearer realm="fleet-rlm"')],
-            )  # fmt: skip
+        if self._cookies and path == AUTH_PATH:
+            await self._exchange(scope, receive, send)
             return
+        if self._token is not None and not (self._is_open and method in ("GET", "HEAD") and self._is_open(path)):
+            if bearer_matches(_header(scope, b"authorization"), self._token):
+                pass
+            elif self._cookies and cookie_matches(_header(scope, b"cookie"), self._token):
+                # Passed on as the bearer token, so an app behind with its own Guard (MCP) accepts it too.
+                headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
+                scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + self._token.encode())]}
+            else:
+                await self._refuse(send)
+                return
         await self.app(scope, receive, send)
+
+    async def _refuse(self, send: Send) -> None:
+        browser = "open the address `fleet web` printed (it carries the token), paste the token into the page, or "
+        message = (
+            f"missing or wrong bearer token: {browser if self._cookies else ''}send 'Authorization: Bearer <token>' "
+            f"with the token the server printed at launch, or the configured {TOKEN_ENV}"
+        )
+        challenge = [(b"www-authenticate", b'Bearer realm="fleet-rlm"')]
+        await _send_json(send, 401, {"error": "unauthorized", "message": message}, challenge)
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST {"token"}``: 204 with the session cookie; ``DELETE``: 204 clearing it."""
+        if scope["method"] == "DELETE":
+            await _send_empty(send, 204, [(b"set-cookie", session_cookie(None))])
+            return
+        if scope["method"] != "POST":
+            await _send_json(send, 405, {"error": "method_not_allowed", "message": "use POST or DELETE"}, [])
+            return
+        body = await _read_small(receive, _MAX_AUTH_BODY)
+        try:
+            given = json.loads(body or b"null")["token"]
+        except (ValueError, TypeError, KeyError):
+            given = None
+        if not isinstance(given, str):
+            message = 'send {"token": "<the token fleet web printed>"} as JSON'
+            await _send_json(send, 400, {"error": "bad_request", "message": message}, [])
+            return
+        if self._token is None:  # no authentication on this server: nothing to trade
+            await _send_empty(send, 204, [])
+            return
+        if not given or not hmac.compare_digest(given.encode(), self._token.encode()):
+            await self._refuse(send)
+            return
+        await _send_empty(send, 204, [(b"set-cookie", session_cookie(self._token))])
+
+
+async def _send_empty(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 class SessionLimit:

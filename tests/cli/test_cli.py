@@ -21,15 +21,18 @@ BIN = Path(sys.executable).parent
 
 def cli(*args: str, env: dict, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / "fleet-rlm"), *args], input=stdin, capture_output=True, text=True,
-        env={**os.environ, **env}, timeout=timeout,
+        [str(BIN / "fleet-rlm"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=timeout,
     )
 
 
 def test_help_does_not_load_the_runtime() -> None:
     probe = (
-        "import sys, fleet_rlm.cli.main as m; m.build_parser(); "
-        "print('dspy' in sys.modules, 'litellm' in sys.modules)"
+        "import sys, fleet_rlm.cli.main as m; m.build_parser(); print('dspy' in sys.modules, 'litellm' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
@@ -62,10 +65,16 @@ def test_run_needle_over_5mb_file_json(fleet_env: dict, oracle: OracleLM, tmp_pa
 
 
 def test_run_64_batched_subqueries_from_stdin(fleet_env: dict, oracle: OracleLM) -> None:
-    oracle.add(Scenario("classify", [
-        "lines = context.splitlines()\nlabels = llm_query_batched(['Label: ' + l for l in lines])\nprint(len(labels))",
-        "SUBMIT(str(sum(l == 'NONE' for l in labels)))",
-    ]))
+    oracle.add(
+        Scenario(
+            "classify",
+            [
+                "lines = context.splitlines()\n"
+                "labels = llm_query_batched(['Label: ' + l for l in lines])\nprint(len(labels))",
+                "SUBMIT(str(sum(l == 'NONE' for l in labels)))",
+            ],
+        )
+    )
     text = "\n".join(f"record {i}" for i in range(64))
     proc = cli("run", "classify these", "--context", "-", "--json", env=fleet_env, stdin=text)
     result = json.loads(proc.stdout)
@@ -76,8 +85,13 @@ def test_run_64_batched_subqueries_from_stdin(fleet_env: dict, oracle: OracleLM)
 
 def test_missing_model_is_one_clear_line(fleet_env: dict) -> None:
     env = {k: v for k, v in fleet_env.items() if k != "FLEET_LM_MODEL"}
-    proc = subprocess.run([str(BIN / "fleet-rlm"), "run", "q", "--text", "x"], capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "FLEET_LM_MODEL"} | env, timeout=60)
+    proc = subprocess.run(
+        [str(BIN / "fleet-rlm"), "run", "q", "--text", "x"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "FLEET_LM_MODEL"} | env,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: No model configured") and "Traceback" not in proc.stderr
 
@@ -125,8 +139,9 @@ def test_chat_follow_up_uses_repl_state(fleet_env: dict, oracle: OracleLM, tmp_p
     oracle.add(Scenario("third word", ["w = context.split()[2]\nSUBMIT(w)"]))
     oracle.add(Scenario("again", ["SUBMIT(w.upper())"]))
     script = f"/attach {doc}\nwhat is the third word?\nnow say it again louder\n/quit\n"
-    proc = subprocess.run([str(BIN / "fleet")], input=script, capture_output=True, text=True,
-                          env={**os.environ, **fleet_env}, timeout=120)
+    proc = subprocess.run(
+        [str(BIN / "fleet")], input=script, capture_output=True, text=True, env={**os.environ, **fleet_env}, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     answers = [line for line in proc.stdout.splitlines() if line.strip() and not line.startswith(">")]
     assert "gamma" in proc.stdout and "GAMMA" in proc.stdout, (answers, proc.stderr)
@@ -134,9 +149,13 @@ def test_chat_follow_up_uses_repl_state(fleet_env: dict, oracle: OracleLM, tmp_p
 
 def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("hang", ["print('working')", "import time\ntime.sleep(120)"]))
-    proc = subprocess.Popen([str(BIN / "fleet-rlm"), "run", "hang please", "--text", "x", "--json"],
-                            env={**os.environ, **fleet_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "fleet-rlm"), "run", "hang please", "--text", "x", "--json"],
+        env={**os.environ, **fleet_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     db = Path(fleet_env["FLEET_HOME"]) / "fleet.db"
     deadline = time.monotonic() + 60
     seen = 0
@@ -173,9 +192,22 @@ def _no_stray_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_serve_mcp_refuses_open_bind_without_auth(fleet_env: dict) -> None:
     env = {k: v for k, v in fleet_env.items()}
-    proc = subprocess.run([str(BIN / "fleet-rlm"), "serve-mcp", "--transport", "http", "--host", "0.0.0.0",
-                           "--allow-remote", "--no-auth"], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k != "FLEET_MCP_TOKEN"} | env)
+    proc = subprocess.run(
+        [
+            str(BIN / "fleet-rlm"),
+            "serve-mcp",
+            "--transport",
+            "http",
+            "--host",
+            "0.0.0.0",
+            "--allow-remote",
+            "--no-auth",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "FLEET_MCP_TOKEN"} | env,
+    )
     assert proc.returncode == 2
     assert "drop --no-auth" in proc.stderr and "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""
 
@@ -183,8 +215,14 @@ def test_serve_mcp_refuses_open_bind_without_auth(fleet_env: dict) -> None:
 def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
     oracle.add(Scenario("quick one", ["SUBMIT('quick answer')"]))
-    proc = subprocess.Popen([str(BIN / "fleet")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **fleet_env})
+    proc = subprocess.Popen(
+        [str(BIN / "fleet")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **fleet_env},
+    )
     proc.stdin.write("slow one please\n")
     proc.stdin.flush()
     deadline = time.monotonic() + 60
@@ -201,8 +239,13 @@ def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: Oracl
 
 def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
-    proc = subprocess.Popen([str(BIN / "fleet-rlm"), "run", "slow one", "--text", "x"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **fleet_env})
+    proc = subprocess.Popen(
+        [str(BIN / "fleet-rlm"), "run", "slow one", "--text", "x"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **fleet_env},
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not oracle.requests("root"):
         time.sleep(0.1)

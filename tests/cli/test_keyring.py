@@ -35,8 +35,9 @@ echo "AFTER=$({cli} config get lm_api_key)"
     env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
     env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")  # the keyring's files go here
     Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "GET=set (…7d6c)" in out and "[keyring]" in out

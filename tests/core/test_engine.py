@@ -13,14 +13,26 @@ import pytest
 from fleet_rlm.config import ConfigError, load_settings
 from fleet_rlm.core.context import ContextError
 from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.errors import Unavailable
 from fleet_rlm.core.trace import build_trace
 from fleet_rlm.core.types import RunRequest
+from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture(autouse=True)
+def _sandbox(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's logic runs on the fast in-process sandbox; tests marked real_sandbox (isolation,
+    killing, cancelling C-level sleeps, end to end) run on the real one."""
+    if request.node.get_closest_marker("real_sandbox") is None:
+        fake_sandbox.register()
+        monkeypatch.setenv("FLEET_SANDBOX", "fake")
+
+
+@pytest.mark.real_sandbox
 async def test_needle_answer_events_and_trace(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("secret code", NEEDLE_STEPS))
     hay = write_haystack(tmp_path / "hay.txt", 1_000_000, "K7Q2")
@@ -103,6 +115,7 @@ async def test_call_budget_fails_slots_not_the_batch(fleet_env: dict, oracle: Or
     assert result.answer == "extracted"
 
 
+@pytest.mark.real_sandbox
 async def test_children_run_in_own_repl_and_share_budget(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("delegate", [
         "secret_in_parent = 1\n"
@@ -165,11 +178,13 @@ async def test_user_errors_are_clear_and_create_no_run(
 async def test_unreachable_model_fails_run_with_fix(fleet_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_LM_API_BASE", "http://127.0.0.1:9/v1")
     async with Engine() as engine:
-        result = await engine.run(RunRequest("q", context_text=["x"]))
-    assert result.status == "failed"
-    assert "cannot reach" in result.error and "FLEET_LM_API_BASE" in result.error
+        with pytest.raises(Unavailable) as info:  # checked before a run exists: nothing recorded
+            await engine.run(RunRequest("q", context_text=["x"]))
+        assert engine.list_runs() == []
+    assert "cannot reach" in info.value.message and "FLEET_LM_API_BASE" in info.value.message
 
 
+@pytest.mark.real_sandbox
 async def test_cancel_stops_sandbox_work(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
     async with Engine() as engine:
@@ -185,6 +200,7 @@ async def test_cancel_stops_sandbox_work(fleet_env: dict, oracle: OracleLM) -> N
     assert events[-1]["kind"] == "run.finished" and events[-1]["data"]["status"] == "cancelled"
 
 
+@pytest.mark.real_sandbox
 async def test_secrets_never_reach_the_store(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("leak", [
         "import os\nprint(sorted(os.environ))\nSUBMIT(os.environ.get('FLEET_LM_API_KEY', 'none'))"
@@ -309,6 +325,7 @@ async def test_step_timeout_is_shown_and_the_run_goes_on(
     assert "timeout" in json.dumps(oracle.requests("root")[1].messages[-1]).lower()
 
 
+@pytest.mark.real_sandbox
 async def test_crashed_sandbox_fails_the_run_clearly(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("crash", ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"]))
     async with Engine() as engine:
@@ -350,6 +367,7 @@ async def test_reasoning_models_work_with_defaults(
             await engine.start_run(RunRequest("think", context_text=["x"]))
 
 
+@pytest.mark.real_sandbox
 async def test_unavailable_sandbox_is_refused_not_swapped(fleet_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_SANDBOX", "daytona")
     async with Engine(load_settings()) as engine:

@@ -1,10 +1,13 @@
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from hypothesis import strategies as st
 
 from fleet_rlm.core.events import EVENT_VERSION, EventBus
 from fleet_rlm.redaction import redact
-from fleet_rlm.store import RunRecord, Store
+from fleet_rlm.store import RunRecord, Store, StoreError
 
 
 @pytest.fixture
@@ -32,26 +35,31 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.close()
 
 
-async def _collect(agen, limit: int | None = None) -> list[dict[str, Any]]:
-    out = []
+async def _collect(
+    agen, limit: int | None = None, *, into: list | None = None, until: Callable[[dict], bool] | None = None
+) -> list[dict[str, Any]]:
+    """The events ``agen`` yields (also appended to ``into`` as they come), up to ``limit`` or ``until``."""
+    out = [] if into is None else into
     async with aclosing(agen):
         async for event in agen:
             out.append(event)
-            if limit is not None and len(out) >= limit:
+            if (limit is not None and len(out) >= limit) or (until is not None and until(event)):
                 break
     return out
 
 
-def _finish(bus: EventBus, run_id: str = "r1") -> dict[str, Any]:
-    return bus.publish(run_id, "run.finished", {"status": "succeeded", "answer": "42", "usage": {}})
+def _finish(bus: EventBus, run_id: str = "r1") -> None:
+    bus.publish(run_id, "run.finished", {"status": "succeeded", "answer": "42", "usage": {}})
 
 
-def test_publish_stores_first_and_returns_envelope(store: Store) -> None:
+def test_publish_queues_and_the_store_assigns_the_envelope(store: Store) -> None:
     bus = EventBus(store)
-    event = bus.publish("r1", "lm.call", {"model": "m"}, node="root.0", parent="root", depth=1)
+    assert bus.publish("r1", "lm.call", {"model": "m"}, node="root.0", parent="root", depth=1) is None
+    store.flush()
+    (event,) = store.events("r1")
     assert event["v"] == EVENT_VERSION == 1
     assert event["seq"] == 1 and event["kind"] == "lm.call" and event["depth"] == 1
-    assert store.events("r1") == [event]
+    assert (event["node"], event["parent"], event["data"]) == ("root.0", "root", {"model": "m"})
 
 
 @pytest.mark.anyio
@@ -134,7 +142,7 @@ async def test_slow_subscriber_with_tiny_queue_recovers(store: Store) -> None:
 
     await asyncio.to_thread(burst)
     for i in range(20):  # and a burst from the loop thread itself
-        assert bus.publish("r2", "lm.call", {"i": i})
+        bus.publish("r2", "lm.call", {"i": i})
     await asyncio.wait_for(task, 20)
     assert [e["seq"] for e in got] == list(range(1, 302))
     assert [e["data"].get("i") for e in got[:300]] == list(range(300))
@@ -143,7 +151,8 @@ async def test_slow_subscriber_with_tiny_queue_recovers(store: Store) -> None:
 @pytest.mark.anyio
 async def test_all_runs_subscription_is_live_only_and_recovers_lag(store: Store) -> None:
     bus = EventBus(store, queue_size=3)
-    bus.publish("r1", "run.started", {})  # before subscribing: not replayed
+    bus.publish("r1", "run.started", {})  # stored before subscribing: not replayed
+    store.flush()
     got: list[dict[str, Any]] = []
 
     async def watch() -> None:
@@ -184,11 +193,11 @@ async def test_unsubscribe_on_close(store: Store) -> None:
 
 def test_publish_from_thread_without_loop(store: Store) -> None:
     bus = EventBus(store)
-    out: list[dict[str, Any]] = []
-    t = threading.Thread(target=lambda: out.append(bus.publish("r1", "warning", {})))
+    t = threading.Thread(target=lambda: bus.publish("r1", "warning", {}))
     t.start()
     t.join()
-    assert out[0]["seq"] == 1
+    store.flush()
+    assert [e["seq"] for e in store.events("r1")] == [1]
 
 
 # -- redaction -----------------------------------------------------------------
@@ -251,13 +260,14 @@ def test_secret_values_never_reach_the_store(store: Store) -> None:
         data: dict[str, Any] = {key: value}
         for _ in range(depth):
             data = {"nested": [data]}
-        event = bus.publish("r1", "code.executed", data)
-        (row,) = store._read("SELECT data_json FROM events WHERE run_id = 'r1' AND seq = ?", (event["seq"],))
+        bus.publish("r1", "code.executed", data)
+        store.flush()
+        seq = store.last_seq("r1")
+        (row,) = store._read("SELECT data_json FROM events WHERE run_id = 'r1' AND seq = ?", (seq,))
         stored = json.loads(row[0])
         for _ in range(depth):
             stored = stored["nested"][0]
         assert stored == {key: "***"}
-        assert event["data"] == json.loads(row[0])
 
     check()
 
@@ -289,3 +299,139 @@ async def test_following_a_run_whose_process_died_ends_at_once(tmp_path: Path) -
         got = await asyncio.wait_for(_collect(EventBus(store).subscribe("r9")), 5)
     assert [e["kind"] for e in got] == ["run.started", "run.finished"]
     assert got[-1]["data"]["status"] == "interrupted"
+
+
+# -- the writer thread -----------------------------------------------------------
+
+
+def _hold_writer(store: Store) -> tuple[Future, threading.Event]:
+    """Keep the store's writer thread (and SQLite's write lock) busy until the event is set."""
+    holding, release = threading.Event(), threading.Event()
+
+    def slow_write() -> None:
+        holding.set()
+        release.wait(30)
+
+    held = store.submit(slow_write)
+    assert holding.wait(10), "the writer never picked up the slow write"
+    return held, release
+
+
+@pytest.mark.anyio
+async def test_publish_returns_at_once_and_nobody_sees_the_event_before_it_commits(store: Store) -> None:
+    bus = EventBus(store)
+    follower = asyncio.create_task(_collect(bus.subscribe("r1")))
+    await asyncio.sleep(0.05)
+    held, release = await asyncio.to_thread(_hold_writer, store)
+    bus.publish("r1", "run.started", {})
+    _finish(bus)
+    # Had publish waited for the writer, it would have returned only after the slow write ended.
+    assert not held.done()
+    await asyncio.sleep(0.1)
+    # Reads do not wait for the writer either (WAL); neither they nor the subscriber see anything yet.
+    assert store.events("r1") == [] and not follower.done()
+    release.set()
+    await bus.flush()
+    got = await asyncio.wait_for(follower, 5)
+    assert [(e["seq"], e["kind"]) for e in got] == [(1, "run.started"), (2, "run.finished")]
+    assert got == store.events("r1")
+
+
+@pytest.mark.anyio
+async def test_subscribers_get_what_was_stored_not_the_callers_object(store: Store) -> None:
+    bus = EventBus(store)
+    follower = asyncio.create_task(_collect(bus.subscribe("r1")))
+    await asyncio.sleep(0.05)
+    data = {"api_key": "abc", "n": 1}
+    bus.publish("r1", "warning", data)
+    _finish(bus)
+    got = await asyncio.wait_for(follower, 5)
+    assert got[0]["data"] == {"api_key": "***", "n": 1} == store.events("r1")[0]["data"]
+    assert data == {"api_key": "abc", "n": 1}
+
+
+_PUBLISHER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fleet_rlm.core.events import EventBus
+    from fleet_rlm.store import Store
+
+    store = Store(Path(sys.argv[1]))
+    bus = EventBus(store)
+    for i in range(int(sys.argv[2])):
+        bus.publish("r1", "warning", {"who": sys.argv[3], "i": i})
+    store.close()  # commits what is still queued
+    """
+)
+
+
+def test_publishers_on_threads_and_in_processes_keep_seq_gap_free_and_their_order(store: Store) -> None:
+    bus = EventBus(store)
+    procs = [subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(store.path), "300", w]) for w in ("p1", "p2")]
+
+    def publish(who: str) -> None:
+        for i in range(300):
+            bus.publish("r1", "warning", {"who": who, "i": i})
+
+    threads = [threading.Thread(target=publish, args=(f"t{n}",)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    store.flush()
+    events = store.events("r1")
+    assert [e["seq"] for e in events] == list(range(1, 1501))
+    for who in ("p1", "p2", "t0", "t1", "t2"):
+        assert [e["data"]["i"] for e in events if e["data"]["who"] == who] == list(range(300))
+
+
+def test_close_commits_what_is_still_queued(tmp_path: Path) -> None:
+    store = Store(tmp_path / "fleet.db")
+    store.create_run(RunRecord(id="r1"))
+    bus = EventBus(store)
+    held, release = _hold_writer(store)
+    for i in range(200):
+        bus.publish("r1", "warning", {"i": i})  # queued behind the held write
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and not held.done()  # close() waits for the queue, it does not drop it
+    release.set()
+    closer.join(30)
+    with pytest.raises(StoreError, match="closed"):
+        bus.publish("r1", "warning", {})
+    with Store(tmp_path / "fleet.db") as again:
+        assert [e["data"]["i"] for e in again.events("r1")] == list(range(200))
+
+
+# -- tailing: runs this process does not run -------------------------------------
+
+
+def _is_finished(run_id: str) -> Callable[[dict], bool]:
+    return lambda event: event["run_id"] == run_id and event["kind"] == "run.finished"
+
+
+@pytest.mark.anyio
+async def test_a_run_another_writer_runs_is_followed_by_tailing(tmp_path: Path) -> None:
+    """``there`` stands for another process: nothing it writes reaches ``here``'s bus live."""
+    with Store(tmp_path / "fleet.db") as here, Store(tmp_path / "fleet.db") as there:
+        owner = {"owner_pid": os.getpid(), "owner_host": socket.gethostname()}
+        there.create_run(RunRecord(id="r1", status="running", **owner))
+        there.append_event("r1", "run.started", {})
+        bus, elsewhere = EventBus(here), EventBus(there)
+        everything = asyncio.create_task(_collect(bus.subscribe(None), until=_is_finished("r1")))
+        await asyncio.sleep(0.3)  # the all-runs subscription has taken its cursor
+        follower = asyncio.create_task(_collect(bus.subscribe("r1")))
+        for burst in range(5):  # in bursts, so tailing catches them over several reads
+            for i in range(20):
+                elsewhere.publish("r1", "lm.call", {"burst": burst, "i": i})
+            await asyncio.sleep(0.15)
+        elsewhere.publish("r1", "run.finished", {"status": "succeeded"})
+        got = await asyncio.wait_for(follower, 10)
+        seen = await asyncio.wait_for(everything, 10)
+        stored = here.events("r1")
+    assert [e["seq"] for e in stored] == list(range(1, 103))
+    assert got == stored  # every event exactly once, in order, ending with run.finished
+    assert seen == stored[1:]  # from its cursor on: run.started came before it

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_rlm.core.program import RLMAction, RLMProgram, TranscriptAdapter, cap_middle, extract_code
+from fleet_rlm.core.program import RLMAction, RLMProgram, RootPredict, TranscriptAdapter, cap_middle, extract_code
 
 
 def test_extract_code_fences() -> None:
@@ -41,3 +41,14 @@ def test_transcript_adapter_renders_like_chat_adapter() -> None:
         inputs = {"observation": "now", "history": dspy.History(messages=turns[:n])}
         expected = dspy.ChatAdapter().format(RLMAction, [], dict(inputs))
         assert cached.format(RLMAction, [], dict(inputs)) == expected
+
+
+@pytest.mark.anyio
+async def test_root_predict_runs_in_a_thread_with_the_callers_settings() -> None:
+    """The synchronous model path runs off the event loop, with dspy.context's LM and adapter."""
+    lm = dspy.utils.DummyLM([{"reasoning": "look first", "code": "print(len(context))"}])
+    adapter = TranscriptAdapter()
+    with dspy.context(lm=lm, adapter=adapter):
+        prediction = await RootPredict(RLMAction).acall(observation="start", history=dspy.History(messages=[]))
+    assert prediction.code == "print(len(context))"
+    assert adapter._system  # the run's adapter built the prompt, in the worker thread

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,8 @@ class OracleState:
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses to return before succeeding
     fail_kind: dict[str, int] = field(default_factory=dict)  # "root"/"sub" -> status for every such request
     echo_secrets: bool = False  # failures quote the Authorization header and the bare key
+    # What ``GET /models`` lists, and so the names a run's preflight accepts (any name gets answers).
+    models: tuple[str, ...] = ("oracle", "gpt-4o-mini", "gpt-5-mini")
     requests: list[Request] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -85,6 +88,11 @@ def _text(content: Any) -> str:
 class _Server(ThreadingHTTPServer):
     request_queue_size = 512  # the default backlog of 5 resets connections under fan-out
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (rlms drops its pool)
+            return
+        super().handle_error(request, client_address)
 
 
 class OracleLM:
@@ -175,7 +183,8 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                self._send(200, {"object": "list", "data": [{"id": "oracle", "object": "model"}]})
+                # Not recorded: the runtime's preflight reads it, and tests count model calls.
+                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]})
             else:
                 self._send(404, {"error": {"message": "not found"}})
 

@@ -1,26 +1,100 @@
-"""Small helpers every CLI command shares."""
+"""What every CLI command shares, above all the one place where errors become exit codes.
+
+``fail`` maps an exception to one stderr line and an exit status: a ``FleetError`` by its
+``exit_code`` (2 for a user mistake, 1 for an outage), Ctrl-C 130, a reader that went away
+(``| head``) a quiet 0, anything else ``error: internal error: ...`` and 1. The traceback is
+shown only with ``FLEET_DEBUG=1``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any
+import traceback
+from typing import Any, NoReturn
+
+from fleet_rlm.core.errors import FleetError, UserError
+
+INTERRUPTED = 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one ``error:`` line that says where help is, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(UserError.exit_code)
 
 
 def fail(exc: BaseException) -> int:
-    """Print one clear line for errors a user can fix; exit 2 for those, 1 otherwise."""
-    from fleet_rlm.config import ConfigError
+    """Report ``exc`` in one line on stderr and return the exit status for it."""
+    if isinstance(exc, BrokenPipeError):
+        return quiet_broken_pipe()
+    if os.environ.get("FLEET_DEBUG") == "1":
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+    if isinstance(exc, FleetError):
+        print(f"error: {_one_line(exc.message)}", file=sys.stderr)
+        return exc.exit_code
+    detail = _one_line(str(exc)) or type(exc).__name__
+    print(f"error: internal error: {type(exc).__name__}: {detail} (FLEET_DEBUG=1 shows where)", file=sys.stderr)
+    return 1
 
-    fixable = isinstance(exc, ConfigError | ValueError | KeyError | FileNotFoundError | PermissionError)
-    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    print(f"error: {message or type(exc).__name__}", file=sys.stderr)
-    return 2 if fixable else 1
+
+def quiet_broken_pipe() -> int:
+    """stdout's reader left (``fleet-rlm runs | head``): not an error, so exit 0 without a word.
+
+    Later writes (and Python's final flush) go to /dev/null instead of raising again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if len(lines) == 1 else "; ".join(lines)[:500]
 
 
 def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a number above 0 (zero or less would mean no budget at all)."""
+
+    def parse(text: str) -> int | float:
+        value = _number(kind, text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, not {text}: leave it out for the default")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def not_negative(text: str) -> int:
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return int(value)
+
+
+def _number(kind: type[int] | type[float], text: str) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'a whole number' if kind is int else 'a number'}, not {text!r}"
+        ) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, not {text!r}")
+    return value
 
 
 def limit_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,47 +7,75 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from fleet_rlm import __version__
+from fleet_rlm.cli.common import Parser, fail, not_negative, positive
+from fleet_rlm.core.types import STATUSES  # a leaf module: --help stays fast
+
 Handler = Callable[[argparse.Namespace], int]
+TRACE_MODES = ["compact", "verbose", "off"]
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-iters", type=int, help="steps per RLM node (default 20)")
-    p.add_argument("--max-depth", type=int, help="child RLM depth (default 2)")
-    p.add_argument("--max-llm-calls", type=int, help="model calls per run (default 500)")
-    p.add_argument("--max-seconds", type=float, help="wall time per run (default 1800)")
-    p.add_argument("--max-cost", type=float, help="USD per run, where prices are known")
+    p.add_argument("--max-iters", type=positive(int), metavar="N", help="steps per RLM node (default 20)")
+    p.add_argument("--max-depth", type=not_negative, metavar="D", help="child RLM depth (default 2; 0: none)")
+    p.add_argument("--max-llm-calls", type=positive(int), metavar="N", help="model calls per run (default 500)")
+    p.add_argument("--max-seconds", type=positive(float), metavar="S", help="wall time per run (default 1800)")
+    p.add_argument("--max-cost", type=positive(float), metavar="USD", help="USD per run, where prices are known")
     p.add_argument("--sandbox", choices=["local"], default=None, help="where code runs (local)")
 
 
+def _context(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--context",
+        "-c",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)",
+    )
+
+
+def _trace_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace-mode",
+        choices=TRACE_MODES,
+        default="compact",
+        help="progress on stderr: compact (default), verbose (code and output) or off",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="fleet-rlm",
         description="Answer questions over inputs far larger than a context window, "
         "with a recursive language model working in a sandboxed Python REPL.",
     )
+    parser.add_argument("--version", action="version", version=f"fleet-rlm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="answer a question over files, folders or text")
     run.add_argument("question")
-    run.add_argument("--context", "-c", action="append", default=[], metavar="PATH",
-                     help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)")
+    _context(run)
     run.add_argument("--text", "-t", action="append", default=[], help="pasted text as context (repeatable)")
-    run.add_argument("--include-hidden", action="store_true",
-                     help="read hidden files, .git/node_modules/.venv and .gitignore'd paths of context folders")
-    run.add_argument("--session", help="continue in a session's REPL")
-    run.add_argument("--volume", help="mount only this volume (created if new); default: all volumes")
+    run.add_argument(
+        "--include-hidden",
+        action="store_true",
+        help="read hidden files, .git/node_modules/.venv and .gitignore'd paths of context folders",
+    )
+    run.add_argument("--session", metavar="ID", help="continue in a session's REPL")
+    run.add_argument("--volume", metavar="NAME", help="mount only this volume (created if new); default: all volumes")
     _limits(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    run.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")
+    _trace_mode(run)
 
     runs = sub.add_parser("runs", help="list recent runs")
-    runs.add_argument("--limit", type=int, default=20)
-    runs.add_argument("--status")
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--limit", type=positive(int), default=20, metavar="N", help="how many (default 20)")
+    runs.add_argument("--status", choices=STATUSES, metavar="S", help=f"only runs that are {', '.join(STATUSES)}")
+    runs.add_argument("--json", action="store_true", help="print a JSON list")
 
     trace = sub.add_parser("trace", help="show a run's trace as a tree")
     trace.add_argument("run_id")
-    trace.add_argument("--json", action="store_true")
+    trace.add_argument("--json", action="store_true", help="the tree as JSON")
     trace.add_argument("--full", action="store_true", help="do not shorten code and outputs")
 
     export = sub.add_parser("export", help="print a run's events as JSON lines")
@@ -57,43 +85,54 @@ def build_parser() -> argparse.ArgumentParser:
     vsub = vol.add_subparsers(dest="action", metavar="ACTION", required=True)
     ls = vsub.add_parser("ls", help="list volumes, or files in VOLUME[/PATH]")
     ls.add_argument("target", nargs="?")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
     cat = vsub.add_parser("cat", help="print a file: VOLUME/PATH")
     cat.add_argument("target")
     put = vsub.add_parser("put", help="copy a local file (or - for stdin) to VOLUME/PATH")
     put.add_argument("source")
     put.add_argument("target")
-    rm = vsub.add_parser("rm", help="delete VOLUME/PATH")
+    rm = vsub.add_parser("rm", help="delete VOLUME/PATH, or a whole VOLUME with --all")
     rm.add_argument("target")
+    rm.add_argument("--all", action="store_true", help="delete the whole volume and every file in it")
 
     doctor = sub.add_parser("doctor", help="check the model, sandbox, keyring, store and Daytona settings")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.add_argument("--offline", action="store_true", help="skip the model reachability call")
     doctor.add_argument("--strict", action="store_true", help="exit 2 when a sandbox cap is not enforced")
 
     cfg = sub.add_parser("config", help="get and set settings (secrets go to the OS keyring)")
     csub = cfg.add_subparsers(dest="action", metavar="ACTION", required=True)
-    csub.add_parser("list", help="every setting, where it comes from, secrets masked")
-    g = csub.add_parser("get")
+    csub.add_parser("list", help="every setting, its value (secrets masked) and where it comes from")
+    g = csub.add_parser("get", help="one setting's value (secrets masked)")
     g.add_argument("key")
-    s = csub.add_parser("set")
+    s = csub.add_parser("set", help="save a setting (secrets go to the OS keyring, never a file)")
     s.add_argument("key")
     s.add_argument("value", nargs="?", help="omit for secrets to be prompted without echo")
-    u = csub.add_parser("unset")
+    u = csub.add_parser("unset", help="remove a saved setting (or a secret from the keyring)")
     u.add_argument("key")
 
+    web = sub.add_parser("web", help="the web UI, JSON API and MCP (/mcp) on one local server")
+    web.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    web.add_argument("--port", type=not_negative, default=8000, help="port (default 8000; 0: any free one)")
+    web.add_argument("--no-open", action="store_true", help="do not open a browser")
+    web.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host (token stays required)")
+
     mcp = sub.add_parser("serve-mcp", help="serve the runtime as an MCP server (same as fleet-mcp)")
-    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio", help="stdio (default) or http")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP: interface (default loopback)")
-    mcp.add_argument("--port", type=int, default=8765, help="HTTP: port (default 8765)")
-    mcp.add_argument("--allow-remote", action="store_true",
-                     help="HTTP: allow a non-loopback host (authentication stays on)")
-    mcp.add_argument("--no-auth", action="store_true",
-                     help="HTTP: serve without a bearer token (default: FLEET_MCP_TOKEN, else one printed at launch)")
+    mcp.add_argument("--port", type=positive(int), default=8765, help="HTTP: port (default 8765)")
+    mcp.add_argument(
+        "--allow-remote", action="store_true", help="HTTP: allow a non-loopback host (authentication stays on)"
+    )
+    mcp.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="HTTP: serve without a bearer token (default: FLEET_MCP_TOKEN, else one printed at launch)",
+    )
 
     chat = sub.add_parser("chat", help="interactive session in the terminal")
-    chat.add_argument("--context", "-c", action="append", default=[], metavar="PATH")
-    chat.add_argument("--trace-mode", choices=["compact", "verbose", "off"], default="compact")
+    _context(chat)
+    _trace_mode(chat)
     _limits(chat)
     return parser
 
@@ -105,6 +144,8 @@ def _handler(name: str) -> Handler:
         from fleet_rlm.cli import volumes as mod  # type: ignore[no-redef]
     elif name == "serve-mcp":
         return _serve_mcp
+    elif name == "web":
+        from fleet_rlm.web import serve as mod  # type: ignore[no-redef]
     elif name in {"doctor", "config"}:
         from fleet_rlm.cli import setup as mod  # type: ignore[no-redef]
     else:
@@ -131,22 +172,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from fleet_rlm.cli.common import fail
-
+    """Run one command; every failure becomes one line and an exit status, in ``fail``."""
     try:
-        return _handler(args.command)(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # every user-fixable error is one line, no traceback
+        code = _handler(args.command)(args)
+        sys.stdout.flush()  # a reader that left (`| head`) shows up here, not at exit
+        return code
+    except (Exception, KeyboardInterrupt) as exc:
         return fail(exc)
 
 
 def fleet_main(argv: Sequence[str] | None = None) -> int:
-    """``fleet``: the terminal chat when called bare, otherwise the same commands as fleet-rlm."""
+    """``fleet``: the terminal chat when called bare or with chat options (``fleet --context FILE``),
+    otherwise the same commands as fleet-rlm."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["chat"]
+    if not argv or (argv[0].startswith("-") and argv[0] not in {"-h", "--help", "--version"}):
+        argv = ["chat", *argv]
     return main(argv)
 
 

@@ -1,4 +1,6 @@
-"""Live progress of a run on stderr: step, sub-calls done/total, tokens, elapsed."""
+"""Live progress of a run on stderr: step, what the run waits for and for how long, sub-calls
+done/total, tokens, elapsed. On a terminal the line is redrawn twice a second, so the clocks
+keep ticking while a slow model thinks; elsewhere it prints one line per step."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from rich.text import Text
 
 from fleet_rlm.core.progress import ProgressTracker
 
+REFRESH_PER_SECOND = 2
+
 
 class Progress:
     """Feed it events; it redraws one status line (TTY) or prints one line per step (pipes)."""
@@ -21,10 +25,13 @@ class Progress:
         self.live: Live | None = None
         self.started = time.monotonic()
         self.tracker = ProgressTracker()
+        self.waiting = ""
+        self.waiting_since = self.started
 
     def __enter__(self) -> Progress:
         if self.mode != "off" and self.console.is_terminal:
-            self.live = Live(self._line(), console=self.console, refresh_per_second=8, transient=True)
+            # Live re-renders ``self`` on every refresh (``__rich__``): the timers tick between events.
+            self.live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True)
             self.live.__enter__()
         return self
 
@@ -32,18 +39,25 @@ class Progress:
         if self.live:
             self.live.__exit__(None, None, None)
 
-    def _line(self) -> Text:
+    def __rich__(self) -> Text:
+        return self.line()
+
+    def line(self, now: float | None = None) -> Text:
+        """The status line: ``step 2 · waiting for the model (12s) · 1,234 tokens · 15.0s``."""
+        now = time.monotonic() if now is None else now
         p = self.tracker.state
         parts = [f"step {p.step}" + (f" ({p.node})" if p.node != "root" else "")]
-        if p.subqueries_total:
-            parts.append(f"{p.subqueries_done}/{p.subqueries_total} sub-queries")
+        if self.waiting:
+            parts.append(f"{self.waiting} ({now - self.waiting_since:.0f}s)")
         if p.children:
             parts.append(f"{p.children} child RLMs")
-        parts += [f"{p.tokens:,} tokens", f"{time.monotonic() - self.started:.1f}s"]
+        parts += [f"{p.tokens:,} tokens", f"{now - self.started:.1f}s"]
         return Text(" · ".join(parts), style="cyan")
 
     def feed(self, event: dict[str, Any]) -> None:
         self.tracker.feed(event)
+        if self.tracker.state.waiting != self.waiting:
+            self.waiting, self.waiting_since = self.tracker.state.waiting, time.monotonic()
         if self.mode == "off":
             return
         line = self._describe(event)
@@ -51,7 +65,7 @@ class Progress:
         if line and (self.mode == "verbose" or event["kind"] in shown):
             self.console.print(line, markup=False, highlight=False)
         if self.live:
-            self.live.update(self._line())
+            self.live.refresh()
 
     def _describe(self, event: dict[str, Any]) -> str | None:
         kind, data, node = event["kind"], event.get("data") or {}, event.get("node", "root")
@@ -74,8 +88,10 @@ class Progress:
             return f"{prefix}[{node}] thinking: {(data.get('reasoning') or '')[:300]}"
         if kind == "subcall.finished" and self.mode == "verbose":
             p = self.tracker.state
-            return f"{prefix}[{node}] sub-query {p.subqueries_done}/{p.subqueries_total}: " \
-                   f"{(data.get('response_preview') or data.get('error') or '')[:80]}"
+            return (
+                f"{prefix}[{node}] sub-query {p.subqueries_done}/{p.subqueries_total}: "
+                f"{(data.get('response_preview') or data.get('error') or '')[:80]}"
+            )
         return None
 
 

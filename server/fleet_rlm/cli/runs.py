@@ -27,8 +27,13 @@ async def follow_run(engine: Any, req: Any, mode: str) -> Any:
 
 def read_stdin_contexts(paths: list[str]) -> tuple[list[str], list[str]]:
     """``-`` among the context paths means stdin, read as pasted text."""
-    texts = [sys.stdin.read()] if "-" in paths else []
-    return [p for p in paths if p != "-"], texts
+    if "-" not in paths:
+        return paths, []
+    if sys.stdin.isatty():  # otherwise the command seems to hang
+        print(
+            "reading the context from the terminal: type or paste it, then Ctrl-D on a line of its own", file=sys.stderr
+        )
+    return [p for p in paths if p != "-"], [sys.stdin.read()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -38,8 +43,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
-        question=args.question, context_paths=paths, context_text=stdin_texts + args.text,
-        session_id=args.session, volume=args.volume, include_hidden=args.include_hidden, **limit_overrides(args),
+        question=args.question,
+        context_paths=paths,
+        context_text=stdin_texts + args.text,
+        session_id=args.session,
+        volume=args.volume,
+        include_hidden=args.include_hidden,
+        **limit_overrides(args),
     )
 
     async def go() -> Any:
@@ -52,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         if result.answer is not None:
             print(result.answer)
-        tokens = (result.usage.get("total") or {})
+        tokens = result.usage.get("total") or {}
         print(
             f"[{result.status} · run {result.run_id} · {result.iterations} steps · {result.llm_calls} model calls"
             f" · {int((tokens.get('prompt_tokens') or 0) + (tokens.get('completion_tokens') or 0)):,} tokens"
@@ -64,27 +74,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return {"succeeded": 0, "cancelled": 130}.get(result.status, 1)
 
 
-def _with_store(fn: Any) -> Any:
+def _workspace() -> Any:
+    """The read side only: no DSPy, so these commands start instantly."""
     from fleet_rlm.config import load_settings
-    from fleet_rlm.store import Store
+    from fleet_rlm.core.workspace import Workspace
 
-    settings = load_settings()
-    store = Store(settings.store_path)
-    try:
-        return fn(store)
-    finally:
-        store.close()
+    return Workspace.open(load_settings())
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    rows = _with_store(lambda s: s.list_runs(limit=args.limit, status=args.status))
+    with _workspace() as ws:
+        rows = ws.runs(limit=args.limit, status=args.status)
     if args.json:
-        print_json([{"run_id": r.id, "status": r.status, "question": r.question, "answer": r.answer,
-                     "created_at": r.created_at, "iterations": r.iterations, "llm_calls": r.llm_calls,
-                     "session_id": r.session_id} for r in rows])
+        print_json(
+            [
+                {
+                    "run_id": r.id,
+                    "status": r.status,
+                    "question": r.question,
+                    "answer": r.answer,
+                    "created_at": r.created_at,
+                    "iterations": r.iterations,
+                    "llm_calls": r.llm_calls,
+                    "session_id": r.session_id,
+                }
+                for r in rows
+            ]
+        )
         return 0
-    if not rows:
-        print("no runs yet: try `fleet-rlm run \"question\" --context FILE`")
+    if not rows and args.status:
+        print(f"no {args.status} runs: `fleet-rlm runs` lists them all")
+    elif not rows:
+        print('no runs yet: try `fleet-rlm run "question" --context FILE`')
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}")
@@ -92,13 +113,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _load_trace(run_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    def read(store: Any) -> tuple[Any, list[dict[str, Any]]]:
-        row = store.get_run(run_id)
-        if row is None:
-            raise KeyError(f"no run '{run_id}': see `fleet-rlm runs`")
-        return row, store.events(run_id)
-
-    return _with_store(read)
+    with _workspace() as ws:
+        return ws.run(run_id), ws.events(run_id)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -116,7 +132,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    _row, events = _load_trace(args.run_id)
-    for event in events:
-        print_json(event)
+    with _workspace() as ws:
+        for event in ws.export(args.run_id):
+            print_json(event)
     return 0

@@ -11,22 +11,25 @@ from typing import Any
 
 from fleet_rlm import config as cfg
 from fleet_rlm.cli.common import print_json
+from fleet_rlm.core.errors import UserError
 
 
 def _field(key: str) -> str:
     name = key.lower().removeprefix("fleet_")
     if name not in cfg.Settings.model_fields:
-        known = ", ".join(sorted(cfg.Settings.model_fields))
-        raise ValueError(f"unknown setting '{key}'; known settings: {known}")
+        raise UserError(f"unknown setting '{key}': `fleet-rlm config list` shows every setting")
     return name
 
 
-def _source(name: str) -> str:
-    if os.environ.get(cfg.env_name(name)) is not None:
-        return "env"
-    if name in cfg.SECRET_FIELDS:
-        return "keyring" if cfg.keyring_get(name) else "-"
-    return "settings.json" if name in cfg.read_user_settings() else "default"
+_LABELS = {"dotenv": ".env", "file": "settings.json"}  # how `config list` names the shared sources
+
+
+def _source(name: str, dotenv: dict[str, str | None], saved: dict[str, Any]) -> str:
+    """Where the value in effect comes from (``config.setting_source``), as `config list` shows it."""
+    source = cfg.setting_source(name, dotenv, saved)
+    if source == "default" and name in cfg.SECRET_FIELDS:
+        return "-"
+    return _LABELS.get(source, source)
 
 
 def _display(settings: cfg.Settings, name: str) -> str:
@@ -39,8 +42,9 @@ def _display(settings: cfg.Settings, name: str) -> str:
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "list":
         settings = cfg.load_settings()
+        dotenv, saved = cfg.dotenv_settings(), cfg.read_user_settings()
         for name in cfg.Settings.model_fields:
-            print(f"{name:<22} {_display(settings, name):<40} [{_source(name)}]")
+            print(f"{name:<22} {_display(settings, name):<40} [{_source(name, dotenv, saved)}]")
         return 0
     name = _field(args.key)
     if args.action == "get":
@@ -58,18 +62,21 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     value = args.value
     if name in cfg.SECRET_FIELDS:
+        usable, backend = cfg.keyring_status()
+        if not usable:  # say so before asking for the key
+            raise cfg.ConfigError(cfg.NO_KEYRING_HELP.format(backend=backend, env=cfg.env_name(name)))
         if value is None:
-            value = getpass.getpass(f"{name}: ")
+            value = getpass.getpass(f"{name} (not echoed): ")
         if not value:
-            raise ValueError(f"{name}: empty value")
+            raise UserError(f"{name}: empty value, nothing stored")
         cfg.keyring_set(name, value)
         print(f"{name}: stored in the OS keyring, {cfg.mask(value)}")
         return 0
     if value is None:
-        raise ValueError(f"give a value: fleet-rlm config set {name} VALUE")
+        raise UserError(f"give a value: fleet-rlm config set {name} VALUE")
     values = cfg.read_user_settings()
+    cfg.validate_setting(name, value, values)
     values[name] = value
-    cfg.Settings.model_validate({**values, "home": cfg.default_home()})  # reject bad values before saving
     cfg.write_user_settings(values)
     print(f"{name} = {value}  (saved in {cfg.user_settings_path()})")
     return 0
@@ -89,8 +96,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 print(f"             NOT ENFORCED: {line}")
             if item.get("fix"):
                 print(f"             fix: {item['fix']}")
-    # Only a model that cannot answer stops runs; the rest degrade with a warning, unless --strict.
-    if not report["model"]["ok"]:
+    # Only a model that cannot answer or an unusable sandbox stops runs; the rest degrade with a
+    # warning, unless --strict.
+    if not report["model"]["ok"] or any(item.get("blocking") for item in report.values()):
         return 1
     missing = report.get("caps", {}).get("not_enforced", [])
     if args.strict and missing:

@@ -31,18 +31,25 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
             branch.add("[yellow]code[/yellow]\n" + escape(_short(step["code"], full, 1200)))
         if step.get("output") is not None:
             style = "red" if step.get("error") else "white"
-            branch.add(f"[{style}]output[/{style}] [dim]({step.get('output_chars') or 0:,} chars)[/dim]\n"
-                       + escape(_short(step["output"], full, 800)))
+            branch.add(
+                f"[{style}]output[/{style}] [dim]({step.get('output_chars') or 0:,} chars)[/dim]\n"
+                + escape(_short(step["output"], full, 800))
+            )
         if step["subcalls"]:
             calls = branch.add(f"[magenta]{len(step['subcalls'])} sub-queries[/magenta]")
             for call in step["subcalls"]:
                 outcome = call.get("error") or call.get("response_preview") or ""
-                calls.add(escape(f"{_short(call.get('prompt_preview'), full, 60)!r} → {_short(outcome, full, 80)!r}"
-                                 f" ({call.get('latency') or 0:.2f}s)"))
+                calls.add(
+                    escape(
+                        f"{_short(call.get('prompt_preview'), full, 60)!r} → {_short(outcome, full, 80)!r}"
+                        f" ({call.get('latency') or 0:.2f}s)"
+                    )
+                )
         for child in step["children"]:
             c = trace["nodes"][child]
-            sub = branch.add(f"[cyan]child {child}[/cyan] {c.get('status')}: "
-                             + escape(_short(c.get("query_preview"), full, 100)))
+            sub = branch.add(
+                f"[cyan]child {child}[/cyan] {c.get('status')}: " + escape(_short(c.get("query_preview"), full, 100))
+            )
             _node_tree(sub, trace, child, full)
     for warning in node["warnings"]:
         tree.add("[red]warning[/red] " + escape(str(warning)))
@@ -52,8 +59,10 @@ def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Cons
     console = console or Console(highlight=False)
     run = trace["run"]
     usage = (run.get("usage") or {}).get("total") or {}
-    title = (f"[bold]run {row.id}[/bold] · {row.status} · {row.iterations} steps · {row.llm_calls} model calls"
-             f" · {int((usage.get('prompt_tokens') or 0) + (usage.get('completion_tokens') or 0)):,} tokens")
+    title = (
+        f"[bold]run {row.id}[/bold] · {row.status} · {row.iterations} steps · {row.llm_calls} model calls"
+        f" · {int((usage.get('prompt_tokens') or 0) + (usage.get('completion_tokens') or 0)):,} tokens"
+    )
     tree = Tree(title)
     tree.add("[bold]question[/bold] " + escape(_short(row.question, full)))
     _node_tree(tree.add("[cyan]root[/cyan]"), trace, "root", full)

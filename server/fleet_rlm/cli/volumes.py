@@ -1,59 +1,103 @@
-"""``volumes ls|cat|put|rm``: targets are VOLUME or VOLUME/PATH."""
+"""``volumes ls|cat|put|rm``: targets are VOLUME or VOLUME/PATH (``vol:`` in front is accepted)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from fleet_rlm.cli.common import print_json
+from fleet_rlm.core.errors import NotFound, UserError
+
+LIST_HINT = "`fleet-rlm volumes ls` lists the volumes"
 
 
-def _split(target: str) -> tuple[str, str]:
-    name, _, path = target.removeprefix("vol:").partition("/")
+def _split(target: str, *, need_path: str | None = None) -> tuple[str, str]:
+    """(volume, path); ``need_path`` is the usage line to show when the path is missing."""
+    name, _, path = target.removeprefix("vol:").removeprefix("//").partition("/")
     if not name:
-        raise ValueError(f"'{target}': expected VOLUME or VOLUME/PATH")
+        raise UserError(f"'{target}': expected VOLUME or VOLUME/PATH")
+    if need_path and not path.strip("/"):
+        raise UserError(f"'{target}' names a whole volume: {need_path}")
     return name, path
+
+
+def _read_source(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    path = Path(source).expanduser()
+    if path.is_dir():
+        raise UserError(f"'{source}' is a folder: put copies one file (repeat it per file)")
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"no file '{source}': give an existing local file, or - for stdin") from None
+    except PermissionError:
+        raise UserError(f"cannot read '{source}': permission denied") from None
 
 
 def cmd_volumes(args: argparse.Namespace) -> int:
     from fleet_rlm.config import load_settings
     from fleet_rlm.volumes import LocalVolumes
-    from fleet_rlm.volumes.quota import human
 
     volumes = LocalVolumes.from_settings(load_settings())
+    try:
+        return _act(volumes, args)
+    except NotFound as exc:  # name the command that shows what exists
+        raise NotFound(f"{exc.message}: {LIST_HINT}") from None
+
+
+def _act(volumes: Any, args: argparse.Namespace) -> int:
     if args.action == "ls":
-        if not args.target:
-            rows = volumes.list_volumes()
-            if args.json:
-                print_json(rows)
-                return 0
-            if not rows:
-                print("no volumes yet: `fleet-rlm volumes put FILE NAME/memory/FILE` creates one")
-            for v in rows:
-                share = max(v["bytes"] / v["quota_bytes"], v["files"] / v["max_files"])
-                print(
-                    f"{v['name']:<24} {v['files']:>7,} entries {v['bytes']:>14,} bytes  {share:>4.0%} of quota "
-                    f"({human(v['quota_bytes'])}, {v['max_files']:,} entries)"
-                )
-            return 0
-        name, path = _split(args.target)
-        rows = volumes.list_files(name, path, recursive=True)
-        if args.json:
-            print_json(rows)
-            return 0
-        for f in rows:
-            print(f"{f['type']:<5} {f.get('size') or 0:>12,}  {f['path']}")
-        return 0
-    name, path = _split(args.target)
+        return _ls(volumes, args)
     if args.action == "cat":
+        name, path = _split(args.target, need_path="give a file: fleet-rlm volumes cat VOLUME/PATH")
         sys.stdout.buffer.write(volumes.read(name, path))
         return 0
     if args.action == "put":
-        data = sys.stdin.buffer.read() if args.source == "-" else Path(args.source).read_bytes()
+        name, path = _split(args.target, need_path="give where to write: fleet-rlm volumes put FILE VOLUME/PATH")
+        data = _read_source(args.source)
         volumes.write(name, path, data)  # creates the volume; refuses links and writes over quota
         print(f"wrote {len(data):,} bytes to {name}/{path}")
         return 0
+    if args.all:
+        name, path = _split(args.target)
+        if path.strip("/"):
+            raise UserError(f"--all deletes a whole volume: give only its name, not '{args.target}'")
+        volumes.delete_volume(name)
+        print(f"deleted volume {name} and every file in it")
+        return 0
+    name, path = _split(args.target, need_path=f"add --all to delete volume '{args.target}' and every file in it")
     volumes.delete(name, path)
     print(f"deleted {name}/{path}")
+    return 0
+
+
+def _ls(volumes: Any, args: argparse.Namespace) -> int:
+    from fleet_rlm.volumes.quota import human
+
+    if not args.target:
+        rows = volumes.list_volumes()
+        if args.json:
+            print_json(rows)
+            return 0
+        if not rows:
+            print("no volumes yet: `fleet-rlm volumes put FILE NAME/memory/FILE` creates one")
+        for v in rows:
+            share = max(v["bytes"] / v["quota_bytes"], v["files"] / v["max_files"])
+            print(
+                f"{v['name']:<24} {v['files']:>7,} entries {v['bytes']:>14,} bytes  {share:>4.0%} of quota "
+                f"({human(v['quota_bytes'])}, {v['max_files']:,} entries)"
+            )
+        return 0
+    name, path = _split(args.target)
+    rows = volumes.list_files(name, path, recursive=True)
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print(f"{name}/{path.strip('/')} is empty" if path.strip("/") else f"volume {name} is empty")
+    for f in rows:
+        print(f"{f['type']:<5} {f.get('size') or 0:>12,}  {f['path']}")
     return 0

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet_rlm.core.errors import UserError
 from fleet_rlm.core.ignore import GitIgnore
 from fleet_rlm.volumes import LocalVolumes, VolumeError, parse_volume_ref
 from fleet_rlm.volumes.safepath import READ_FLAGS, special_name
@@ -34,7 +35,7 @@ MAX_FILE_BYTES = 256 * 1024 * 1024  # one file; bigger ones are skipped rather t
 SHOWN = 20  # report lines per list
 
 
-class ContextError(ValueError):
+class ContextError(UserError):
     """A context source cannot be used; the message names it and says why."""
 
 

@@ -14,16 +14,18 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.context import ContextError
+from fleet_rlm.core.errors import Conflict, FleetError, UserError
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
-from fleet_rlm.core.types import RunRequest, RunResult
+from fleet_rlm.core.types import Event, RunRequest, RunResult
+from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
 from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
@@ -35,6 +37,15 @@ SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 def new_id(prefix: str) -> str:
     """Sortable by creation time, unguessable enough to share in a URL."""
     return f"{prefix}{int(time.time() * 1000):x}{secrets.token_hex(3)}"
+
+
+@dataclass
+class Replay:
+    """A run an optimization makes: a candidate program answering a dataset row (``optimize.harness``)."""
+
+    program: Any  # an RLMProgram (or a wrapper with its ``aforward(runtime)``)
+    version: str  # recorded as the run's program version: a version id or "candidate:<hash>"
+    parent: str  # the optimization's id
 
 
 @dataclass
@@ -61,13 +72,15 @@ class Engine:
         self.volumes = LocalVolumes.from_settings(self.settings)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, Session] = {}
-        self._program: Any = None
+        self._programs: dict[str | None, Any] = {}  # program version id (None: built-in) -> RLMProgram
         self._lms: tuple[Any, Any] | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._workspace: Workspace | None = None
 
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
         self.store = Store(self.settings.store_path)
+        self._workspace = Workspace(self.store, self.volumes)
         self.bus = EventBus(self.store)
         interrupted = self.store.mark_interrupted()
         if interrupted:
@@ -102,7 +115,8 @@ class Engine:
             await self._discard(session)
         self._sessions.clear()
         if self.store:
-            self.store.close()
+            # Commits every queued event and row update, then stops the writer thread.
+            await asyncio.to_thread(self.store.close)
             self.store = None
 
     # -- runs ----------------------------------------------------------------------------------
@@ -113,42 +127,56 @@ class Engine:
         return self.store
 
     def validate(self, req: RunRequest) -> None:
-        """Fail fast, before a run exists, on anything the user can fix."""
-        if not req.question or not req.question.strip():
-            raise ValueError("the question is empty: say what you want to know")
+        """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
         self._models()  # raises ConfigError with the fix when no model is set
         try:  # never run somewhere other than asked
             get_backend(self.settings.sandbox)
         except SandboxError as exc:
             raise ConfigError(f"{exc}: set FLEET_SANDBOX=local") from None
+        if req.volume is not None:
+            self.volumes.check_name(req.volume)
         roots = self.settings.allowed_context_roots
         for spec in req.context_paths:
-            if parse_volume_ref(spec) is not None:
+            ref = parse_volume_ref(spec)
+            if ref is not None:
+                self.volumes.stat(*ref)  # NotFound names the volume or file, with the fix
                 continue
             path = Path(spec).expanduser()
             if not path.exists():
                 raise ContextError(f"context path '{spec}' does not exist")
+            if path.is_dir() and next(path.iterdir(), None) is None:
+                raise ContextError(f"context folder '{spec}' is empty: give a folder with files in it")
             if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
                 raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
         if req.session_id and req.session_id not in self._sessions:
             if not SESSION_ID.fullmatch(req.session_id):
-                raise ValueError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
+                raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
             row = self._require_store().get_session(req.session_id)
             if row is not None and row.closed_at is not None:
-                raise ValueError(f"session '{req.session_id}' is closed: use a new session id")
+                raise Conflict(f"session '{req.session_id}' is closed: use a new session id")
 
-    async def start_run(self, req: RunRequest) -> str:
-        """Validate, record the run as queued and start it; returns the run id at once."""
+    async def start_run(self, req: RunRequest, *, replay: Replay | None = None) -> str:
+        """Validate, record the run as queued and start it; returns the run id at once.
+
+        The run uses the active program version (recorded on its row), or ``replay``'s candidate."""
         store = self._require_store()
         self.validate(req)
+        from fleet_rlm.core.lm import preflight
+
+        await preflight(*self._models())  # once per engine: a wrong model or a closed port, before a run exists
         if req.session_id and store.get_session(req.session_id) is None:
-            store.create_session(req.session_id)  # naming a new session starts it
+            await store.write(store.create_session, req.session_id)  # naming a new session starts it
         run_id = new_id("r")
-        store.create_run(
+        version = replay.version if replay else store.active_program_version()
+        program = replay.program if replay else self._program_for(version)
+        await store.write(
+            store.create_run,
             RunRecord(
                 id=run_id,
                 session_id=req.session_id,
-                parent_run_id=None,
+                parent_run_id=replay.parent if replay else None,
+                kind="eval" if replay else "run",
+                program_version=version,
                 question=req.question,
                 status="queued",
                 answer=None,
@@ -163,11 +191,31 @@ class Engine:
                 finished_at=None,
                 owner_pid=os.getpid(),
                 owner_host=socket.gethostname(),
-            )
+            ),
         )
-        self._tasks[run_id] = asyncio.create_task(self._execute(run_id, req), name=f"run {run_id}")
-        self._tasks[run_id].add_done_callback(lambda _t: self._tasks.pop(run_id, None))
+        self.start_task(run_id, self._execute(run_id, req, program))
         return run_id
+
+    def start_task(self, task_id: str, job: Coroutine[Any, Any, None]) -> None:
+        """Run a background job under this engine (a run, an optimization): ``cancel(task_id)``
+        stops it, ``close`` stops it too."""
+        self._tasks[task_id] = asyncio.create_task(job, name=f"job {task_id}")
+        self._tasks[task_id].add_done_callback(lambda _t: self._tasks.pop(task_id, None))
+
+    def _program_for(self, version: str | None) -> Any:
+        """The program of a version (None: the built-in one), loaded once from its saved state."""
+        if version not in self._programs:
+            from fleet_rlm.core.program import RLMProgram
+
+            program = RLMProgram()
+            if version is not None:
+                row = self._require_store().get_program_version(version)
+                if row is None:
+                    raise ConfigError(f"the active program version '{version}' is missing: "
+                                      "run `fleet-rlm programs rollback` or promote another version")
+                program.load_state(row["state"])
+            self._programs[version] = program
+        return self._programs[version]
 
     async def run(self, req: RunRequest) -> RunResult:
         return await self.wait(await self.start_run(req))
@@ -176,10 +224,7 @@ class Engine:
         task = self._tasks.get(run_id)
         if task is not None:
             await asyncio.shield(task)
-        result = self.result(run_id)
-        if result is None:
-            raise KeyError(f"no run '{run_id}'")
-        return result
+        return self.workspace.run_result(run_id)
 
     async def cancel(self, run_id: str) -> bool:
         """Stop a run of this process; its sandbox work stops and it is recorded as cancelled."""
@@ -191,34 +236,35 @@ class Engine:
             await task
         return True
 
-    def result(self, run_id: str) -> RunResult | None:
-        row = self._require_store().get_run(run_id)
-        if row is None:
-            return None
-        end = row.finished_at or time.time()
-        return RunResult(
-            run_id=row.id,
-            status=row.status,
-            answer=row.answer,
-            iterations=row.iterations or 0,
-            llm_calls=row.llm_calls or 0,
-            usage=row.usage or {},
-            seconds=round(end - (row.started_at or row.created_at), 3),
-            stop_reason=row.stop_reason,
-            error=row.error,
-            session_id=row.session_id,
-        )
+    def apply_settings(self, settings: Settings) -> None:
+        """Use ``settings`` from the next run on (saved settings apply without a restart).
+
+        Runs in progress keep theirs; the data folder cannot move while the engine runs."""
+        if settings == self.settings:
+            return
+        if settings.home != self.settings.home:
+            raise ConfigError(f"FLEET_HOME changed to {settings.home}: restart to use the new folder")
+        self.settings = settings
+        self._lms = None  # the model settings may have changed
+        self.volumes.quota = LocalVolumes.from_settings(settings).quota
+
+    @property
+    def workspace(self) -> Workspace:
+        """The read side (runs, traces, volumes) every face renders; see ``core.workspace``."""
+        if self._workspace is None:
+            raise RuntimeError("the engine is not started: use `async with Engine() as engine`")
+        return self._workspace
 
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._require_store().get_run(run_id)
 
     def list_runs(self, **filters: Any) -> list[RunRecord]:
-        return self._require_store().list_runs(**filters)
+        return self.workspace.runs(**filters)
 
-    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        return self._require_store().events(run_id, after_seq=after_seq, limit=limit)
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        return self.workspace.events(run_id, after_seq=after_seq, limit=limit)
 
-    def subscribe(self, run_id: str | None, after_seq: int = 0) -> AsyncIterator[dict[str, Any]]:
+    def subscribe(self, run_id: str | None, after_seq: int = 0) -> AsyncGenerator[Event, None]:
         assert self.bus is not None, "the engine is not started"
         return self.bus.subscribe(run_id, after_seq=after_seq)
 
@@ -226,16 +272,19 @@ class Engine:
         bus = self.bus
         assert bus is not None
 
-        def emit(kind: str, data: dict[str, Any], *, node: str = "root", parent: str | None = None, depth: int = 0):
-            return bus.publish(run_id, kind, data, node=node, parent=parent, depth=depth)
+        def emit(
+            kind: str, data: dict[str, Any], *, node: str = "root", parent: str | None = None, depth: int = 0
+        ) -> None:
+            bus.publish(run_id, kind, data, node=node, parent=parent, depth=depth)  # queued: never waits for SQLite
 
         return emit
 
-    async def _execute(self, run_id: str, req: RunRequest) -> None:
+    async def _execute(self, run_id: str, req: RunRequest, program: Any) -> None:
         store = self._require_store()
         emit = self._emit(run_id)
         started = time.time()
-        store.update_run(run_id, status="running", started_at=started)
+        # Queued, not awaited: it commits before the run's events (queue order is commit order).
+        store.submit(store.update_run, run_id, status="running", started_at=started)
         limits = limits_for(req, self.settings)
         emit("run.started", {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id})
         ctx: RunContext | None = None
@@ -253,7 +302,7 @@ class Engine:
                     emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
                                      "sandbox or process stopped); this run starts a fresh REPL"})
                     session.lost_state = False
-            ctx = self._run_context(run_id, emit, limits, scratch, self.mounted_volumes(req.volume))
+            ctx = self._run_context(run_id, emit, limits, scratch, self.mounted_volumes(req.volume), program)
             spec = ctx.sandbox_spec("root")
             async with open_sandbox(self.settings, spec, session.sandbox if session else None) as sandbox:
                 if session is not None:
@@ -282,8 +331,8 @@ class Engine:
             status, stop_reason = "cancelled", "cancelled by the user"
             if session is not None:  # the REPL may be mid-step; its state can't be trusted
                 await self._drop_sandbox(session)
-        except (ConfigError, ContextError, ValueError) as exc:
-            error = str(exc)
+        except FleetError as exc:  # written for the user already
+            error = exc.message
         except Exception as exc:
             from fleet_rlm.core.lm import explain_lm_error
 
@@ -295,7 +344,7 @@ class Engine:
                 if holds_lock:
                     session.lock.release()
             await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
-            self._finish(run_id, ctx, status, answer, stop_reason, error, started)
+            await self._finish(run_id, ctx, status, answer, stop_reason, error, started)
 
     def _models(self) -> tuple[Any, Any]:
         """Root and sub LM, built once: settings don't change for an engine's lifetime."""
@@ -306,33 +355,36 @@ class Engine:
         return self._lms
 
     def _run_context(
-        self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path]
+        self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any
     ) -> RunContext:
-        from fleet_rlm.core.program import RLMProgram
-
-        if self._program is None:
-            self._program = RLMProgram()
         root_lm, sub_lm = self._models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
-            root_lm=root_lm, sub_lm=sub_lm, program=self._program, scratch=scratch, volumes=volumes,
+            root_lm=root_lm, sub_lm=sub_lm, program=program, scratch=scratch, volumes=volumes,
             volume_store=self.volumes,
         )
 
-    def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
-                stop_reason: str | None, error: str | None, started: float) -> None:
+    async def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
+                      stop_reason: str | None, error: str | None, started: float) -> None:
+        """Record the final row, then run.finished; both are durable when this returns."""
         store = self._require_store()
+        bus = self.bus
+        assert bus is not None
         usage = ctx.usage.to_dict() if ctx else {}
         iterations = ctx.iterations if ctx else 0
         llm_calls = ctx.budget.llm_calls if ctx else 0
         finished = time.time()
-        store.update_run(run_id, status=status, answer=answer, stop_reason=stop_reason, error=error,
-                         usage=usage, iterations=iterations, llm_calls=llm_calls, finished_at=finished)
-        self._emit(run_id)("run.finished", {
+        # Both queued before the first await, so a cancel landing here cannot leave one out.
+        final_row = store.submit(store.update_run, run_id, status=status, answer=answer, stop_reason=stop_reason,
+                                 error=error, usage=usage, iterations=iterations, llm_calls=llm_calls,
+                                 finished_at=finished)
+        bus.publish(run_id, "run.finished", {
             "status": status, "answer": answer, "stop_reason": stop_reason, "error": error,
             "usage": usage, "iterations": iterations, "llm_calls": llm_calls,
             "seconds": round(finished - started, 3),
         })
+        await bus.flush()
+        final_row.result()  # committed by now; raises if the update failed
 
     # -- sessions ------------------------------------------------------------------------------
 

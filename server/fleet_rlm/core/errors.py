@@ -47,3 +47,9 @@ class Unavailable(FleetError):
 
     exit_code = 1
     http_status = 503
+
+
+class TooLarge(UserError):
+    """The request carries more data than allowed (an upload past ``upload_max_mb``)."""
+
+    http_status = 413

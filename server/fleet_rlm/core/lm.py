@@ -1,7 +1,9 @@
-"""Model access through ``dspy.LM`` (LiteLLM), metered per call.
+"""Model access through ``dspy.LM`` (LiteLLM), metered per call, checked before a run's first step.
 
 Every call's tokens, cost and model reach the caller through a context variable, so usage is
-attributed correctly even when many calls run concurrently in one event loop.
+attributed correctly even when many calls run concurrently in one event loop. ``preflight``
+catches a wrong model name or a server that is not running in a few seconds, with the fix,
+instead of after the first call's retries; ``explain_lm_error`` says the same for failures later.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ from dspy.utils.exceptions import (
     LMRateLimitError,
     LMTimeoutError,
     LMTransportError,
+    LMUnsupportedModelError,
 )
 
 from fleet_rlm.config import ConfigError, Settings
+from fleet_rlm.core.errors import FleetError, Unavailable, UserError
 from fleet_rlm.redaction import redact_text
 
 T = TypeVar("T")
+PREFLIGHT_SECONDS = 3.0  # a model server that answers nothing in this time is slow, not absent
+LIST_MODELS = "`curl {base}/models` lists the models it serves"
 
 
 @dataclass
@@ -81,6 +87,8 @@ class MeteredLM(dspy.LM):
 
     Keeping no history also keeps a long-lived server's memory flat.
     """
+
+    preflight_ok = False  # set by ``preflight`` once the model was found; LMs live as long as their engine
 
     def update_history(self, entry: dict[str, Any]) -> None:
         sink = _sink.get()
@@ -135,6 +143,27 @@ def _secret(value: Any) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
+def _check_model_name(model: str, setting: str) -> None:
+    """A model string LiteLLM cannot route fails here, with the form it needs, not at the first call."""
+    provider, slash, name = model.strip().partition("/")
+    if slash:
+        routable = bool(provider.strip() and name.strip())
+    else:  # a bare name works only where LiteLLM knows which provider serves it (gpt-4o-mini)
+        import litellm
+
+        litellm.suppress_debug_info = True  # it would print a provider list on stdout
+        try:
+            litellm.get_llm_provider(model)
+            routable = True
+        except Exception:
+            routable = False
+    if not routable:
+        raise ConfigError(
+            f"{setting}={model!r} needs a provider and a model name, as in openai/gpt-4o-mini or "
+            "ollama_chat/llama3.1 (https://docs.litellm.ai/docs/providers lists the providers)."
+        )
+
+
 def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
     """The root LM, or the sub LM (which falls back to the root's model, base and key)."""
     model = (settings.sub_lm_model if sub else None) or settings.lm_model
@@ -144,6 +173,7 @@ def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
             "(e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama_chat/llama3.1), "
             "or run `fleet-rlm config set lm_model <model>`."
         )
+    _check_model_name(model, "FLEET_SUB_LM_MODEL" if sub and settings.sub_lm_model else "FLEET_LM_MODEL")
     api_base = (settings.sub_lm_api_base if sub else None) or settings.lm_api_base
     api_key = (_secret(settings.sub_lm_api_key) if sub else None) or _secret(settings.lm_api_key)
     if api_base and not api_key:
@@ -159,9 +189,79 @@ def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
             timeout=settings.lm_timeout,
         )
     except (ValueError, LMConfigurationError) as exc:  # e.g. reasoning models refuse a small max_tokens
-        raise ConfigError(
-            redact_text(f"{model} cannot be used with these settings (FLEET_LM_MAX_TOKENS?): {exc}")
+        blame = " (FLEET_LM_MAX_TOKENS)" if "max_tokens" in str(exc) else ""
+        raise ConfigError(redact_text(f"{model} cannot be used with these settings{blame}: {exc}")) from None
+
+
+async def preflight(*lms: MeteredLM) -> None:
+    """Check once per LM, before a run's first step, that its model exists where it is asked for.
+
+    Raises ``Unavailable`` (nothing answers at the address) or ``UserError`` (unknown model, key
+    refused), each one sentence with the fix. With an ``api_base`` (an OpenAI-compatible server)
+    the check reads ``GET {base}/models``: no model call, nothing billed, nothing a scripted test
+    server counts as a request. Without one, the provider gets a 5-token call without retries.
+    Anything less clear than a definite no (no /models route, a slow or busy server) passes: the
+    run's own call, with its retries, has the last word. Success is remembered on the LM; the
+    engine builds its LMs once, so this runs once per engine and model."""
+    checked: set[tuple[str, Any]] = set()
+    for lm in lms:
+        key = (lm.model, (lm.kwargs or {}).get("api_base"))
+        if lm.preflight_ok or key in checked:  # the sub LM is often the root's model
+            continue
+        base = key[1]
+        if base:
+            await _check_served(lm, str(base).rstrip("/"))
+        else:
+            await _check_call(lm)
+        lm.preflight_ok = True
+        checked.add(key)
+
+
+async def _check_served(lm: MeteredLM, base: str) -> None:
+    import httpx
+
+    key = (lm.kwargs or {}).get("api_key")
+    headers = {"Authorization": f"Bearer {key}"} if key and key != "not-needed" else {}
+    try:
+        async with httpx.AsyncClient(timeout=PREFLIGHT_SECONDS) as client:
+            reply = await client.get(f"{base}/models", headers=headers)
+    except httpx.ConnectError:
+        raise Unavailable(
+            f"cannot reach {lm.model}: nothing answers at {base}; is the server running? (check FLEET_LM_API_BASE)"
         ) from None
+    except httpx.HTTPError:  # slow, or speaking something else: let the real call tell
+        return
+    if reply.status_code in (401, 403):
+        raise UserError(_key_refused(lm.model, f" at {base}"))
+    try:
+        served = [str(m["id"]) for m in reply.json()["data"]] if reply.status_code == 200 else []
+    except (ValueError, KeyError, TypeError):
+        return
+    name = lm.model.partition("/")[2]
+    if served and not {lm.model, name, f"{name}:latest"} & set(served):
+        shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+        raise UserError(
+            redact_text(
+                f"{base} serves no model '{name}' ({lm.model}): it serves {shown}; set FLEET_LM_MODEL "
+                f"to one of them with its provider prefix ({LIST_MODELS.format(base=base)})."
+            )
+        )
+
+
+async def _check_call(lm: MeteredLM) -> None:
+    probe = lm.copy(num_retries=0, timeout=PREFLIGHT_SECONDS)
+    try:
+        await probe.acall(prompt="Reply with the word OK.", max_tokens=5)
+    except (LMAuthError, LMUnsupportedModelError, LMConfigurationError) as exc:
+        raise UserError(explain_lm_error(exc, lm)) from None
+    except LMTransportError as exc:
+        raise Unavailable(explain_lm_error(exc, lm)) from None
+    except Exception:  # timeouts, rate limits, provider hiccups: not a verdict on the settings
+        return
+
+
+def _key_refused(model: str, where: str) -> str:
+    return f"{model}{where} rejected the API key: set a valid FLEET_LM_API_KEY (or `fleet-rlm config set lm_api_key`)."
 
 
 def explain_lm_error(exc: BaseException, lm: dspy.LM | None = None) -> str:
@@ -177,10 +277,13 @@ def _explain(exc: BaseException, lm: dspy.LM | None) -> str:
     base = (getattr(lm, "kwargs", {}) or {}).get("api_base")
     where = f" at {base}" if base else ""
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, FleetError):  # written for the user already (preflight)
+        return exc.message
+    if isinstance(exc, LMUnsupportedModelError):
+        listing = f" ({LIST_MODELS.format(base=base)})" if base else ""
+        return f"{model}{where} is not a model it knows: check FLEET_LM_MODEL{listing}."
     if isinstance(exc, LMAuthError):
-        return (
-            f"{model}{where} rejected the API key: set a valid FLEET_LM_API_KEY (or `fleet-rlm config set lm_api_key`)."
-        )
+        return _key_refused(model, where)
     if isinstance(exc, LMTransportError):
         return f"cannot reach {model}{where} ({first}): check FLEET_LM_API_BASE and that the server is running."
     if isinstance(exc, LMRateLimitError):

@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fleet_rlm.core.types import Event
+
+WAITING_MODEL = "waiting for the model"
+
 
 @dataclass
 class RunProgress:
@@ -22,6 +26,7 @@ class RunProgress:
     errors: int = 0  # code steps that raised
     events: int = 0
     message: str = ""  # the latest progress line
+    waiting: str = ""  # what the run is busy with now: "waiting for the model", "running code", ...
 
 
 class ProgressTracker:
@@ -31,7 +36,7 @@ class ProgressTracker:
         self.state = RunProgress()
         self._batches: dict[tuple[str, Any], int] = {}  # (node, batch id) -> sub-queries finished
 
-    def feed(self, event: dict[str, Any]) -> str | None:
+    def feed(self, event: Event) -> str | None:
         s = self.state
         s.events += 1
         kind, data, node = event["kind"], event.get("data") or {}, event.get("node") or "root"
@@ -39,6 +44,10 @@ class ProgressTracker:
         line: str | None = None
         if kind == "run.started":
             line = f"run {event.get('run_id')} started"
+            # A session's follow-up without new inputs loads nothing: the model is asked at once.
+            s.waiting = WAITING_MODEL if data.get("session_id") else "loading the context"
+        elif kind == "context.loaded":
+            s.waiting = WAITING_MODEL
         elif kind == "lm.call":
             s.step, s.node = int(data.get("step") or s.step), node
             if node == "root":
@@ -47,14 +56,17 @@ class ProgressTracker:
             s.tokens += _tokens(data)
             s.subqueries_done = s.subqueries_total = 0
             line = f"{where}step {s.step} · running code"
+            s.waiting = "running code" if data.get("predictor", "act") == "act" else "finishing"
         elif kind == "subcall.finished":
             s.llm_calls += 1
             s.tokens += _tokens(data)
             done, total = _batch_progress(self._batches, node, data)
             s.subqueries_done, s.subqueries_total = done, total
             line = f"{where}step {s.step} · {done}/{total} sub-queries"
+            s.waiting = f"{done}/{total} sub-queries" if done < total else "running code"
         elif kind == "code.executed":
             step = data.get("step", s.step)
+            s.waiting = "finishing" if data.get("submitted") else WAITING_MODEL
             if data.get("error"):
                 s.errors += 1
                 line = f"{where}step {step} · error: {str(data['error']).splitlines()[-1][:120]}"
@@ -64,13 +76,16 @@ class ProgressTracker:
                 line = f"{where}step {step} · code ran, {int(data.get('output_chars') or 0):,} chars of output"
         elif kind == "child.started":
             s.children += 1
+            s.waiting = f"child RLM {node}"
             line = f"child {node} started: {(data.get('query_preview') or '')[:80]}"
         elif kind == "child.finished":
             line = f"child {node} {data.get('status') or 'finished'}"
+            s.waiting = "running code"
         elif kind == "warning":
             line = f"{where}warning: {str(data.get('message'))[:160]}"
         elif kind == "run.finished":
             line = f"run {data.get('status')}" + (f": {data['error']}" if data.get("error") else "")
+            s.waiting = ""
         if line:
             s.message = line
         return line

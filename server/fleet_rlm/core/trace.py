@@ -5,7 +5,10 @@ Every face renders this one structure (CLI tree, MCP ``inspect_trace``, web trac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from fleet_rlm.core.types import Event
 
 
 def _new_node(node: str, parent: str | None, depth: int) -> dict[str, Any]:
@@ -16,14 +19,16 @@ def _new_node(node: str, parent: str | None, depth: int) -> dict[str, Any]:
 def _step(holder: dict[str, Any], number: int) -> dict[str, Any]:
     for step in holder["steps"]:
         if step["step"] == number:
-            return step
+            found: dict[str, Any] = step
+            return found
     step = {"step": number, "reasoning": None, "code": None, "output": None, "error": None,
-            "duration": None, "lm": None, "subcalls": [], "children": [], "submitted": False}
+            "duration": None, "lm": None, "subcalls": [], "children": [], "submitted": False,
+            "ts": None, "ts_end": None}  # when the model was asked, when the code finished (timelines)
     holder["steps"].append(step)
     return step
 
 
-def build_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
+def build_trace(events: Sequence[Event]) -> dict[str, Any]:
     """Fold events (ordered by seq) into ``{"run": {...}, "nodes": {id: node}, "root": "root"}``."""
     nodes: dict[str, dict[str, Any]] = {"root": _new_node("root", None, 0)}
     current: dict[str, int] = {}  # node -> step in progress
@@ -36,11 +41,13 @@ def build_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "run.finished":
             run.update({k: data.get(k) for k in
                         ("status", "answer", "stop_reason", "error", "usage", "iterations", "llm_calls", "seconds")})
+            run["finished"] = ev["ts"]
             nodes["root"]["status"] = data.get("status")
             nodes["root"]["answer_preview"] = (data.get("answer") or "")[:200] or None
         elif kind == "lm.call":
             step = _step(node, data.get("step", 0))
             current[name] = step["step"]
+            step["ts"] = step["ts"] or ev["ts"]
             step["reasoning"] = data.get("reasoning")
             step["lm"] = {k: data.get(k) for k in
                           ("model", "predictor", "prompt_tokens", "completion_tokens", "cost", "latency")}
@@ -49,16 +56,17 @@ def build_trace(events: list[dict[str, Any]]) -> dict[str, Any]:
             step.update({k: data.get(k) for k in ("code", "output", "error", "error_kind", "duration")})
             step["output_chars"] = data.get("output_chars")
             step["submitted"] = bool(data.get("submitted"))
+            step["ts_end"] = ev["ts"]
         elif kind == "subcall.finished":
-            _step(node, current.get(name, 0))["subcalls"].append({"seq": ev["seq"], **data})
+            _step(node, current.get(name, 0))["subcalls"].append({"seq": ev["seq"], "ts": ev["ts"], **data})
         elif kind == "child.started":
-            node.update(query_preview=data.get("query_preview"))
+            node.update(query_preview=data.get("query_preview"), started=ev["ts"])
             parent = ev.get("parent")
             if parent in nodes:
                 nodes[parent]["children"].append(name)
                 _step(nodes[parent], current.get(parent, 0))["children"].append(name)
         elif kind == "child.finished":
-            node.update(status=data.get("status"), answer_preview=data.get("answer_preview"),
+            node.update(status=data.get("status"), answer_preview=data.get("answer_preview"), finished=ev["ts"],
                         stop_reason=data.get("stop_reason"), error=data.get("error"))
         elif kind == "warning":
             node["warnings"].append(data.get("message"))

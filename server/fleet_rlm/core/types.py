@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal
+
+from typing_extensions import TypedDict  # pydantic builds the events schema from these (needs it before 3.12)
 
 from fleet_rlm.core.errors import UserError
 
@@ -44,6 +46,12 @@ SUBCALL_FINISHED: Final = "subcall.finished"
 CHILD_STARTED: Final = "child.started"
 CHILD_FINISHED: Final = "child.finished"
 WARNING: Final = "warning"
+# An optimization is a run-like stream under its own id (a runs row of kind "optimize"): these
+# kinds, then run.finished last, as for every run.
+OPTIMIZE_STARTED: Final = "optimize.started"
+OPTIMIZE_EVAL: Final = "optimize.eval"
+OPTIMIZE_SCORED: Final = "optimize.scored"
+OPTIMIZE_FINISHED: Final = "optimize.finished"
 EventKind = Literal[
     "run.started",
     "run.finished",
@@ -54,10 +62,14 @@ EventKind = Literal[
     "child.started",
     "child.finished",
     "warning",
+    "optimize.started",
+    "optimize.eval",
+    "optimize.scored",
+    "optimize.finished",
 ]
 EVENT_KINDS: Final = frozenset(
     {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED, CHILD_STARTED,
-     CHILD_FINISHED, WARNING}
+     CHILD_FINISHED, WARNING, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED, OPTIMIZE_FINISHED}
 )
 
 
@@ -160,6 +172,52 @@ class WarningData(TypedDict):
     message: str
 
 
+class OptimizeStartedData(TypedDict):
+    """An optimization began: what it works on, and the estimate shown before it started."""
+
+    dataset: str
+    optimizer: str
+    metric: str
+    base_version: str | None
+    train: int  # rows
+    holdout: int
+    estimate: dict[str, Any]  # {"evaluations", "llm_calls", "cost" (None: prices unknown)}
+    resumed_from: str | None
+
+
+class OptimizeEvalData(TypedDict):
+    """One replay of a dataset row by one candidate program (``cached``: skipped, already evaluated)."""
+
+    trial: int  # the candidate's number, in the order candidates were first evaluated
+    candidate: str  # a short hash of the candidate's instructions and demos
+    example: str  # a short hash of the row's inputs
+    score: float
+    feedback: str
+    run_id: str | None
+    cached: bool
+    evaluations: int  # evaluations so far, cached ones included
+    llm_calls: int  # model calls of the replays so far
+
+
+class OptimizeScoredData(TypedDict):
+    """A full score of a program on a split: before (the base program) or after (the candidate)."""
+
+    split: Literal["train", "holdout"]
+    program: Literal["before", "after"]
+    score: float
+    n: int
+
+
+class OptimizeFinishedData(TypedDict):
+    """The optimization's outcome, just before its run.finished."""
+
+    status: RunStatus
+    version_id: str | None
+    scores: dict[str, float | None]  # train_before, train_after, holdout_before, holdout_after
+    gate: dict[str, Any]  # {"passed": bool, "reason": str}
+    error: str | None
+
+
 PAYLOADS: Final[dict[str, type]] = {
     RUN_STARTED: RunStartedData,
     RUN_FINISHED: RunFinishedData,
@@ -170,6 +228,10 @@ PAYLOADS: Final[dict[str, type]] = {
     CHILD_STARTED: ChildStartedData,
     CHILD_FINISHED: ChildFinishedData,
     WARNING: WarningData,
+    OPTIMIZE_STARTED: OptimizeStartedData,
+    OPTIMIZE_EVAL: OptimizeEvalData,
+    OPTIMIZE_SCORED: OptimizeScoredData,
+    OPTIMIZE_FINISHED: OptimizeFinishedData,
 }
 
 # -- requests and results ---------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A browser page on any site can reach 127.0.0.1, so the Host/Origin allow-lists stop DNS
 rebinding; the bearer token (``fleet_rlm.http_auth``: configured, or generated per launch)
 keeps other local processes out. Listening on anything but loopback needs authentication and
-an explicit ``allow_remote``.
+an explicit ``allow_remote``. SSE streams are resumable (``fleet_rlm.mcp.resume``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp
 
 from fleet_rlm.http_auth import Guard, SessionLimit, check_bind, is_loopback, max_sessions
+from fleet_rlm.mcp.resume import RETRY_MS, SessionEvents, SessionScope
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -53,6 +54,11 @@ def build_http_app(
     )
     limit = max_sessions()
     app: ASGIApp = server.streamable_http_app(
-        streamable_http_path=path, transport_security=security, host=host, max_sessions=limit
+        streamable_http_path=path,
+        transport_security=security,
+        host=host,
+        max_sessions=limit,
+        event_store=SessionEvents(),
+        retry_interval=RETRY_MS,
     )
-    return Guard(SessionLimit(app, limit), token)
+    return Guard(SessionLimit(SessionScope(app), limit), token)

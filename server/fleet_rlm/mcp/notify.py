@@ -64,11 +64,11 @@ class Notifier:
     # -- legacy resources/subscribe ------------------------------------------------------------
 
     async def _subscribe(self, ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams) -> Any:
-        self._legacy.setdefault(_connection(ctx), set()).add(str(params.uri))
+        self._legacy.setdefault(connection_of(ctx), set()).add(str(params.uri))
         return types.EmptyResult()
 
     async def _unsubscribe(self, ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams) -> Any:
-        self._legacy.get(_connection(ctx), set()).discard(str(params.uri))
+        self._legacy.get(connection_of(ctx), set()).discard(str(params.uri))
         return types.EmptyResult()
 
     def install_legacy(self, server: MCPServer[Any]) -> None:
@@ -95,7 +95,7 @@ class Notifier:
         return stop
 
     async def _watch(self, engine: Engine) -> None:
-        async with contextlib.aclosing(engine.subscribe(None)) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(engine.subscribe(None)) as events:
             async for event in events:
                 run_id, kind = event["run_id"], event["kind"]
                 final = kind in ("run.started", "run.finished")
@@ -113,7 +113,7 @@ class Notifier:
                     self.forget(trace_uri(run_id))
 
 
-def _connection(ctx: ServerRequestContext[Any, Any]) -> Any:
+def connection_of(ctx: ServerRequestContext[Any, Any]) -> Any:
     """The connection behind a request: ``ctx.session`` is a fresh wrapper per request.
 
     Both expose ``send_resource_updated``; the connection's sends outside any request, and it

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from fleet_rlm.core.trace import build_trace
-from fleet_rlm.mcp.views import jsonable, run_state, run_summary
+from fleet_rlm.core.errors import FleetError, NotFound
+from fleet_rlm.mcp.views import run_state
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -22,10 +24,8 @@ MAX_RESOURCE_BYTES = 8 * 1024 * 1024  # bigger files: page with the read_file to
 
 def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     async def engine() -> Engine:
-        try:
+        with _resource_errors():
             return await provider.get()
-        except ValueError as exc:  # ConfigError: say what to fix rather than "internal error"
-            raise ResourceError(str(exc)) from exc
 
     @server.resource(
         "fleet://runs",
@@ -35,8 +35,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         description=f"The {RECENT_RUNS} most recent runs, newest first.",
     )
     async def runs() -> str:
-        rows = (await engine()).list_runs(limit=RECENT_RUNS)
-        return _json([jsonable(run_summary(r)) for r in rows])
+        page = (await engine()).workspace.list_runs(limit=RECENT_RUNS)
+        return _json([r.model_dump(mode="json") for r in page.runs])
 
     @server.resource(
         "fleet://runs/{run_id}",
@@ -46,10 +46,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         description="A run's status, answer and live progress counters.",
     )
     async def run(run_id: str) -> str:
-        state = run_state(await engine(), run_id)
-        if state is None:
-            raise ResourceNotFoundError(f"no run '{run_id}'")
-        return _json(jsonable(state))
+        eng = await engine()
+        with _resource_errors():
+            return _json(run_state(eng.workspace, run_id).model_dump(mode="json"))
 
     @server.resource(
         "fleet://runs/{run_id}/trace",
@@ -60,9 +59,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     )
     async def trace(run_id: str) -> str:
         eng = await engine()
-        if eng.get_run(run_id) is None:
-            raise ResourceNotFoundError(f"no run '{run_id}'")
-        return _json(build_trace(eng.events(run_id)))
+        with _resource_errors():
+            return _json(eng.workspace.trace(run_id))
 
     @server.resource(
         "fleet://volumes/{volume}/{+path}",
@@ -71,24 +69,30 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         description="A file of a volume: text, or binary as a blob. Paths cannot leave the volume.",
     )
     async def volume_file(volume: str, path: str) -> str | bytes:
-        from fleet_rlm.volumes import VolumeError
-
         eng = await engine()
-        try:
+        with _resource_errors():
             entry = eng.volumes.stat(volume, path)
             if entry["type"] != "file":
                 raise ResourceNotFoundError(f"no file '{path}' in volume '{volume}' (it is a {entry['type']})")
             if entry["size"] > MAX_RESOURCE_BYTES:
                 raise ResourceError(f"'{path}' is larger than {MAX_RESOURCE_BYTES:,} bytes: use the read_file tool")
             data = eng.volumes.read(volume, path)
-        except VolumeError as exc:
-            raise ResourceError(str(exc)) from exc
         if b"\x00" in data:  # valid UTF-8 can still be binary: send it as a blob
             return data
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             return data
+
+
+@contextlib.contextmanager
+def _resource_errors() -> Iterator[None]:
+    try:
+        yield
+    except NotFound as exc:
+        raise ResourceNotFoundError(exc.message) from exc
+    except FleetError as exc:  # e.g. a ConfigError: say what to fix rather than "internal error"
+        raise ResourceError(exc.message) from exc
 
 
 def _json(value: Any) -> str:

@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Literal
 from mcp.server import MCPServer
 
 from fleet_rlm import __version__
-from fleet_rlm.mcp import prompts, resources, tools_runs, tools_system, tools_trace, tools_volumes
+from fleet_rlm.mcp import (
+    client_logs,
+    completion,
+    prompts,
+    resources,
+    tools_runs,
+    tools_system,
+    tools_trace,
+    tools_volumes,
+)
 from fleet_rlm.mcp.notify import Notifier
 from fleet_rlm.mcp.provider import EngineProvider
 
@@ -76,6 +85,8 @@ def build_server(engine: Engine | None = None) -> MCPServer[EngineProvider]:
     tools_system.register(server, provider)
     resources.register(server, provider)
     prompts.register(server)
+    completion.register(server, provider)
+    client_logs.install(server)
     return server
 
 
@@ -135,6 +146,7 @@ def _configure_logging() -> None:
 
     # stderr only: on stdio, stdout is the protocol channel. Secrets are masked in every record.
     handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(_log_level())  # a client's logging/setLevel may lower fleet_rlm's level, not stderr's
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=_log_level(), handlers=[handler])
     for noisy in ("LiteLLM", "litellm", "httpx", "httpx2"):

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from fleet_rlm.core.progress import ProgressTracker
+from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest, RunStatus
 from fleet_rlm.mcp.models import CancelOutput, RunList, RunOutput, RunState, StartedRun, run_uri, trace_uri
-from fleet_rlm.mcp.views import run_output, run_state, run_summary, unknown_run, user_errors
+from fleet_rlm.mcp.views import run_output, run_state, user_errors
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -182,10 +182,10 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         with user_errors():
             run_id = await eng.start_run(req)
         rec = eng.get_run(run_id)
-        status = rec.status if rec else "queued"
+        status: RunStatus = rec.status if rec else "queued"
         return StartedRun(
             run_id=run_id,
-            status=status,  # type: ignore[arg-type]
+            status=status,
             run_uri=run_uri(run_id),
             trace_uri=trace_uri(run_id),
         )
@@ -205,10 +205,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         ),
     )
     async def get_run(run_id: RunId) -> RunState:
-        state = run_state(await engine(), run_id)
-        if state is None:
-            raise unknown_run(run_id)
-        return state
+        eng = await engine()
+        with user_errors():
+            return run_state(eng.workspace, run_id)
 
     @server.tool(
         title="Cancel a run",
@@ -226,14 +225,13 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     )
     async def cancel_run(run_id: RunId) -> CancelOutput:
         eng = await engine()
-        rec = eng.get_run(run_id)
-        if rec is None:
-            raise unknown_run(run_id)
-        if rec.status not in ("queued", "running"):
+        with user_errors():
+            rec = eng.workspace.run(run_id)
+        if rec.status not in ACTIVE_STATUSES:
             return CancelOutput(
                 run_id=run_id,
                 cancelled=False,
-                status=rec.status,  # type: ignore[arg-type]
+                status=rec.status,
                 message=f"the run already finished: {rec.status}",
             )
         with anyio.CancelScope(shield=True):  # once asked, finish recording the cancellation
@@ -244,7 +242,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         return CancelOutput(
             run_id=run_id,
             cancelled=cancelled,
-            status=rec.status,  # type: ignore[arg-type]
+            status=rec.status,
             message=message,
         )
 
@@ -262,13 +260,14 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     async def list_runs(
         limit: Annotated[int, Field(ge=1, le=200, description="How many runs to return.")] = 20,
         status: Annotated[
-            Literal["queued", "running", "succeeded", "failed", "cancelled", "interrupted"] | None,
+            RunStatus | None,
             Field(description="Only runs with this status."),
         ] = None,
         offset: Annotated[int, Field(ge=0, description="Skip this many runs (paging).")] = 0,
     ) -> RunList:
-        rows = (await engine()).list_runs(limit=limit + 1, offset=offset, status=status)
-        return RunList(runs=[run_summary(r) for r in rows[:limit]], offset=offset, has_more=len(rows) > limit)
+        eng = await engine()
+        with user_errors():
+            return eng.workspace.list_runs(limit=limit, offset=offset, status=status)
 
 
 def _request(
@@ -282,29 +281,26 @@ def _request(
     max_depth: int | None,
     max_llm_calls: int | None,
     max_seconds: float | None,
-) -> Any:
-    from fleet_rlm.core.types import RunRequest  # imports dspy: keep it off the startup path
-
-    if not question.strip():
-        raise ToolError("the question is empty: say what you want to know")
-    return RunRequest(
-        question=question,
-        context_paths=list(context_paths),
-        context_text=[context_text] if context_text else [],
-        session_id=session_id,
-        volume=volume,
-        max_iters=max_iters,
-        max_depth=max_depth,
-        max_llm_calls=max_llm_calls,
-        max_seconds=max_seconds,
-    )
+) -> RunRequest:
+    with user_errors():  # RunRequest checks its own fields
+        return RunRequest(
+            question=question,
+            context_paths=list(context_paths),
+            context_text=[context_text] if context_text else [],
+            session_id=session_id,
+            volume=volume,
+            max_iters=max_iters,
+            max_depth=max_depth,
+            max_llm_calls=max_llm_calls,
+            max_seconds=max_seconds,
+        )
 
 
 async def _follow(engine: Engine, run_id: str, ctx: Context) -> None:
     """Relay the run's events as progress until it finishes."""
     tracker = ProgressTracker()
     last_report = 0.0
-    async with contextlib.aclosing(engine.subscribe(run_id)) as events:  # type: ignore[type-var]
+    async with contextlib.aclosing(engine.subscribe(run_id)) as events:
         async for event in events:
             line = tracker.feed(event)
             if line is None:

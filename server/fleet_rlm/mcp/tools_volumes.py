@@ -8,6 +8,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from fleet_rlm.core.views import text_range
 from fleet_rlm.mcp.models import FileContent, FileEntry, FileList, VolumeInfo, VolumeList, WrittenFile
 from fleet_rlm.mcp.views import user_errors
 
@@ -89,19 +90,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             data = engine.volumes.read(volume, path, offset, length)  # refuses links and pipes itself
         if b"\x00" in data:
             raise ToolError(f"'{path}' in volume '{volume}' looks binary; only text files can be read here")
-        text, used = decode_prefix(data, at_end=offset + len(data) >= size)
-        end = offset + used
-        return FileContent(
-            volume=volume,
-            path=path,
-            content=text,
-            offset=offset,
-            bytes_read=used,
-            size=size,
-            truncated=end < size,
-            next_offset=end if end < size else None,
-            uri=volume_resource_uri(volume, path),
-        )
+        shown = text_range(volume, path, data, offset, size)
+        return FileContent(**shown.model_dump(), uri=volume_resource_uri(volume, path))
 
     @server.tool(
         title="Write a file to a volume",
@@ -129,18 +119,3 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             uri=volume_resource_uri(volume, rel),
             ref=f"vol:{volume}/{rel}",
         )
-
-
-def decode_prefix(data: bytes, *, at_end: bool) -> tuple[str, int]:
-    """Decode UTF-8, leaving out a character cut in half at the end of the range.
-
-    Returns the text and how many bytes it used, so the next read starts on a character.
-    """
-    if not at_end:
-        for cut in range(0, min(4, len(data))):
-            try:
-                return data[: len(data) - cut].decode("utf-8"), len(data) - cut
-            except UnicodeDecodeError as exc:
-                if exc.start < len(data) - 4:  # a real encoding error, not a cut character
-                    break
-    return data.decode("utf-8", errors="replace"), len(data)

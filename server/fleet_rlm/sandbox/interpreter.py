@@ -1,6 +1,8 @@
-"""dspy ``CodeInterpreter`` adapter over :class:`LocalSandbox`, so stock ``dspy.RLM`` can use it:
+"""dspy ``CodeInterpreter`` adapter over a sandbox backend, so stock ``dspy.RLM`` can use it:
 
-dspy.RLM("context, query -> answer", interpreter_factory=lambda: SandboxInterpreter())
+dspy.RLM("context, query -> answer", interpreter_factory=SandboxInterpreter)
+
+The local backend by default; ``sandbox_factory`` takes any backend of the sandbox protocol.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError, FinalOutput
 
-from fleet_rlm.sandbox.base import ExecResult, SandboxError
+from fleet_rlm.sandbox.base import ExecResult, Sandbox, SandboxError
 from fleet_rlm.sandbox.local import LocalSandbox
 
 T = TypeVar("T")
@@ -52,6 +54,7 @@ class SandboxInterpreter:
         memory_mb: int = 2048,
         exec_timeout: float = 300.0,
         volumes: dict[str, Path] | None = None,
+        sandbox_factory: Callable[[Path], Sandbox] | None = None,
     ) -> None:
         self.tools: dict[str, Callable[..., Any]] = dict(tools or {})
         self.output_fields = output_fields
@@ -61,7 +64,8 @@ class SandboxInterpreter:
         self._sandbox_args: dict[str, Any] = dict(
             isolation=isolation, memory_mb=memory_mb, exec_timeout=exec_timeout, volumes=volumes
         )
-        self._sandbox: LocalSandbox | None = None
+        self._factory = sandbox_factory or (lambda work: LocalSandbox(work, **self._sandbox_args))
+        self._sandbox: Sandbox | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._registered: set[str] = set()
@@ -106,7 +110,7 @@ class SandboxInterpreter:
             self._thread.start()
         if self._sandbox is None:
             try:
-                self._sandbox = LocalSandbox(self.work_dir, **self._sandbox_args)
+                self._sandbox = self._factory(self.work_dir)
             except SandboxError as exc:
                 raise CodeInterpreterError(str(exc)) from exc
         self._call(self._sandbox.start())

@@ -131,10 +131,11 @@ class LocalSandbox:
         for name in self.volumes:
             if not name or "/" in name or name in (".", ".."):
                 raise ValueError(f"invalid volume name {name!r}")
+        available, why = detect_isolation()
         if isolation == "auto":
-            isolation = detect_isolation()[0]  # type: ignore[assignment]
-        elif isolation == "bwrap" and detect_isolation()[0] != "bwrap":
-            raise SandboxError(detect_isolation()[1])
+            isolation = "bwrap" if available == "bwrap" else "none"
+        elif isolation == "bwrap" and available != "bwrap":
+            raise SandboxError(why)
         elif isolation not in ("bwrap", "none"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', not {isolation!r}")
         self.isolation: str = isolation
@@ -275,8 +276,9 @@ class LocalSandbox:
             if proc.returncode is None and self._failure is None:
                 with contextlib.suppress(Exception):
                     await self._send({"op": "shutdown"})
-            with contextlib.suppress(Exception):
-                proc.stdin.close()  # type: ignore[union-attr]
+            if proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.close()
             try:
                 await asyncio.wait_for(proc.wait(), KILL_GRACE)
             except TimeoutError:
@@ -443,15 +445,16 @@ class LocalSandbox:
     def _dispatch(self, message: dict[str, Any]) -> None:
         """Accept a message only where the request in flight allows it; anything else is forged."""
         op, msg_id = message["op"], message.get("id")
-        inflight = self._inflight
-        current = inflight is not None and msg_id == inflight[0] and not inflight[2].done()
+        current_op, reply = None, None  # set when the message answers the request in flight
+        if self._inflight is not None and msg_id == self._inflight[0] and not self._inflight[2].done():
+            _, current_op, reply = self._inflight
         if op == "ready":
             if self._ready is None or self._ready.done():
                 raise _ProtocolViolation("a second 'ready'")
             self._ready.set_result(message)
         elif op == "output":
             data = message.get("data")
-            if not (current and inflight[1] == "execute" and isinstance(data, str)):  # type: ignore[index]
+            if current_op != "execute" or not isinstance(data, str):
                 raise _ProtocolViolation("output outside the running step")
             room = self.output_limit - self._streamed  # the worker caps it too; a forger might not
             if room > 0 and self._on_output is not None:
@@ -463,9 +466,9 @@ class LocalSandbox:
         elif op == "call":
             self._accept_call(message)
         elif op in ("done", "ok", "error"):
-            if not current or (op == "done") != (inflight[1] == "execute"):  # type: ignore[index]
+            if reply is None or (op == "done") != (current_op == "execute"):
                 raise _ProtocolViolation(f"a {op!r} reply to no request in flight (id {msg_id!r})")
-            inflight[2].set_result(message)  # type: ignore[index]
+            reply.set_result(message)
         else:
             raise _ProtocolViolation(f"unknown message op {op[:40]!r}")
 

@@ -10,6 +10,7 @@ The database holds questions, answers and traces: its folder is 0700 and its fil
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import stat
@@ -17,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet_rlm.config import private_dir
+from fleet_rlm.core.errors import Unavailable
 
 
-class StoreError(RuntimeError):
+class StoreError(Unavailable):
     """The store cannot be opened or used (e.g. written by a newer fleet-rlm)."""
 
 
@@ -86,8 +88,134 @@ def _sql(script: str) -> Callable[[sqlite3.Connection], None]:
 # mistaken for the run's owner (NULL where /proc is not available, and for older rows).
 _V2 = "ALTER TABLE runs ADD COLUMN owner_start TEXT"
 
+# ``gid``: one order over every run's events, in commit order across processes and never reused
+# (AUTOINCREMENT), so a reader follows all runs' new events with one cursor (the web app showing a
+# run the CLI is running). SQLite cannot add such a column in place: the table is rebuilt.
+_V3 = """
+ALTER TABLE events RENAME TO events_v2;
+CREATE TABLE events (
+    gid INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    node TEXT NOT NULL,
+    parent TEXT,
+    depth INTEGER NOT NULL DEFAULT 0,
+    data_json TEXT NOT NULL,
+    UNIQUE (run_id, seq)
+);
+INSERT INTO events (run_id, seq, ts, kind, node, parent, depth, data_json)
+    SELECT run_id, seq, ts, kind, node, parent, depth, data_json FROM events_v2 ORDER BY ts, run_id, seq;
+DROP TABLE events_v2
+"""
+
+# Files uploaded through the web app (kept under FLEET_HOME/uploads/<id>/) and the runs that read
+# them: an upload lives as long as a run uses it (optimization replays and follow-ups reuse it).
+# Feedback on a run's answer, kept for optimization. Both go with their run (ON DELETE CASCADE).
+_V4 = """
+CREATE TABLE uploads (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE run_uploads (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    upload_id TEXT NOT NULL REFERENCES uploads (id) ON DELETE CASCADE,
+    PRIMARY KEY (run_id, upload_id)
+) WITHOUT ROWID;
+CREATE INDEX run_uploads_upload ON run_uploads (upload_id);
+CREATE TABLE feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    correct INTEGER NOT NULL,
+    expected TEXT,
+    comment TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX feedback_run ON feedback (run_id, id)
+"""
+
+# Optimization (``optimize/``, tables in ``store/optimize.py``). A run now says which program version
+# answered it and what it is: ``run`` (a user's), ``eval`` (an optimization replaying a dataset row;
+# ``parent_run_id`` is the optimization) or ``optimize`` (the optimization itself: its row and
+# event log are its status and progress stream). Datasets keep their rows and train/holdout split;
+# a program version keeps DSPy's saved state; activations are the promote/rollback history (the
+# newest is active; version NULL: the built-in program); the eval cache lets a rerun skip what an
+# interrupted optimization already evaluated.
+_V5 = """
+ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'run';
+ALTER TABLE runs ADD COLUMN program_version TEXT;
+CREATE INDEX runs_kind ON runs (kind, created_at DESC);
+CREATE TABLE datasets (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    source TEXT NOT NULL,
+    holdout_fraction REAL NOT NULL,
+    seed INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE dataset_rows (
+    dataset_id TEXT NOT NULL REFERENCES datasets (id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    split TEXT NOT NULL,
+    question TEXT NOT NULL,
+    context_text TEXT,
+    context_paths_json TEXT NOT NULL DEFAULT '[]',
+    answer TEXT NOT NULL,
+    verdict INTEGER,
+    comment TEXT,
+    run_id TEXT,
+    PRIMARY KEY (dataset_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE program_versions (
+    id TEXT PRIMARY KEY,
+    base_id TEXT,
+    optimization_id TEXT,
+    dataset_id TEXT,
+    optimizer TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    scores_json TEXT NOT NULL DEFAULT '{}',
+    state_json TEXT NOT NULL,
+    changes_json TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL
+);
+CREATE TABLE program_activations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    version_id TEXT,
+    action TEXT NOT NULL,
+    reason TEXT,
+    created_at REAL NOT NULL
+);
+CREATE TABLE optimizations (
+    id TEXT PRIMARY KEY,
+    lineage TEXT NOT NULL,
+    dataset_id TEXT NOT NULL,
+    optimizer TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    base_version TEXT,
+    params_json TEXT NOT NULL DEFAULT '{}',
+    version_id TEXT,
+    scores_json TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL
+);
+CREATE TABLE eval_cache (
+    lineage TEXT NOT NULL,
+    program_hash TEXT NOT NULL,
+    example_key TEXT NOT NULL,
+    run_id TEXT,
+    answer TEXT,
+    steps_json TEXT NOT NULL DEFAULT '[]',
+    llm_calls INTEGER NOT NULL DEFAULT 0,
+    cost REAL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (lineage, program_hash, example_key)
+) WITHOUT ROWID
+"""
+
 # Append-only. Index i upgrades schema version i -> i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_sql(_V1), _sql(_V2)]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5)]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -112,7 +240,11 @@ def connect(path: Path) -> sqlite3.Connection:
 
 def _make_private(path: Path) -> None:
     """Create the database file 0600 before SQLite does; tighten an older store's files."""
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # O_EXCL: never open a file SQLite may have open in this process (a store's reader and writer
+    # connections, two stores): closing any descriptor of it drops all of this process's POSIX
+    # locks on it, SQLite's included, and a database whose locks vanish can be corrupted.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
     for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         try:
             info = name.stat()

@@ -91,7 +91,7 @@ class LocalVolumes:
     # -- names, paths and fds -------------------------------------------------------------------
 
     @staticmethod
-    def _check_name(name: str) -> None:
+    def check_name(name: str) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise VolumeError(
                 f"invalid volume name {name!r}: use 1-64 letters, digits, '_', '.' or '-',"
@@ -125,15 +125,15 @@ class LocalVolumes:
 
     def _volume_fd(self, name: str, *, create: bool = False) -> int:
         """An fd for the volume's own folder (never through a link); created with its roots if asked."""
-        self._check_name(name)
+        self.check_name(name)
         root = self._root_fd(create=create)
         if root is None:
-            raise VolumeError(f"no volume {name!r}")
+            raise NotFound(f"no volume {name!r}")
         with closing_fd(root):
             try:
                 vol = open_dir(root, [name], "among the volumes", create=create)
             except NotFound:
-                raise VolumeError(f"no volume {name!r}") from None
+                raise NotFound(f"no volume {name!r}") from None
         if create:
             try:
                 for sub in DURABLE_ROOTS:
@@ -189,15 +189,15 @@ class LocalVolumes:
         return out
 
     def delete_volume(self, name: str) -> None:
-        self._check_name(name)
+        self.check_name(name)
         root = self._root_fd(create=False)
         if root is None:
-            raise VolumeError(f"no volume {name!r}")
+            raise NotFound(f"no volume {name!r}")
         with closing_fd(root):
             try:
                 st = os.stat(name, dir_fd=root, follow_symlinks=False)
             except FileNotFoundError:
-                raise VolumeError(f"no volume {name!r}") from None
+                raise NotFound(f"no volume {name!r}") from None
             if not stat.S_ISDIR(st.st_mode):
                 raise VolumeError(f"volume {name!r} is not a folder: refusing to delete through it")
             # rmtree with dir_fd opens every folder with O_NOFOLLOW and checks it is the one it
@@ -227,7 +227,7 @@ class LocalVolumes:
             try:
                 return _entry(Found.of(tuple(parts), os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)))
             except FileNotFoundError:
-                raise VolumeError(f"no file {'/'.join(parts)!r} {_where(name)}") from None
+                raise NotFound(f"no file {'/'.join(parts)!r} {_where(name)}") from None
 
     def list_files(self, name: str, path: str = "", recursive: bool = False) -> list[dict[str, Any]]:
         """Entries under ``path`` (relative to the volume), sorted by path; links listed, not followed."""
@@ -350,7 +350,7 @@ class LocalVolumes:
                 else:
                     os.unlink(final, dir_fd=parent)
             except FileNotFoundError:
-                raise VolumeError(f"no file {rel!r} in volume {name!r}") from None
+                raise NotFound(f"no file {rel!r} in volume {name!r}") from None
             except OSError as exc:
                 raise _delete_error(exc, rel, name) from None
 

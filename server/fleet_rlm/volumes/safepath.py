@@ -19,6 +19,8 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from fleet_rlm.core import errors
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -27,12 +29,13 @@ FILE_MODE = 0o600
 LINK_HINT = "links inside volumes are never followed, even when they point inside; delete the link"
 
 
-class VolumeError(Exception):
+
+class VolumeError(errors.UserError):
     """A volume operation was refused or failed; the message says why."""
 
 
-class NotFound(VolumeError):
-    """Nothing is at that path."""
+class NotFound(VolumeError, errors.NotFound):
+    """Nothing is at that path: no such volume, file or folder."""
 
 
 def kind(mode: int) -> str:

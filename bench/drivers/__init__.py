@@ -1,0 +1,1 @@
+"""Scripts that run a baseline runtime the way its users do, one run per process."""

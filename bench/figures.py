@@ -1,0 +1,408 @@
+"""The figures: a registry of what ``python -m bench`` measures, each a function of the shared
+``Bench`` (the simulated model, the runtimes, a scratch folder) that returns table rows, raw data
+and named ratios. A figure that cannot be measured in this version says so instead of a number;
+adding one is adding a function to ``FIGURES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import web
+from bench import workloads as wl
+from bench.coldstart import cli_help_seconds, mcp_first_reply_seconds
+from bench.runtimes import FLEET_CONCURRENCY, MODEL, Outcome, Runtime
+from bench.simlm import SimLM
+
+STOCK_THREADS = 8  # dspy.RLM's llm_query_batched pool size, fixed in dspy 3.4.1
+
+
+@dataclass
+class Result:
+    columns: list[str]
+    rows: list[list[str]]
+    data: dict[str, Any] = field(default_factory=dict)
+    ratios: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Bench:
+    quick: bool
+    sim: SimLM
+    runtimes: dict[str, Runtime]
+    work: Path
+    _contexts: dict[str, Path] = field(default_factory=dict)
+
+    def run(self, name: str, job: wl.Workload, **kwargs: Any) -> Outcome:
+        """One run of a workload on one runtime (the server learns its policy first)."""
+        self.sim.play(job.tag, job.steps)
+        path = self._contexts.get(job.tag)
+        if path is None:
+            path = self.work / f"{len(self._contexts)}.txt"
+            job.write_context(path)
+            self._contexts[job.tag] = path
+        return self.runtimes[name].run(job, path, self.sim.base_url, **kwargs)
+
+    def usable(self) -> list[str]:
+        return [name for name, rt in self.runtimes.items() if rt.unavailable is None]
+
+    def skipped_notes(self) -> list[str]:
+        return [f"{name}: {rt.unavailable}" for name, rt in self.runtimes.items() if rt.unavailable]
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} ms"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b not in (None, 0) else None
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def server_check(b: Bench) -> Result:
+    """The server answers a kept-alive connection's later requests as fast as its first."""
+    check = b.sim.keepalive_check()
+    ratio = _ratio(check["later_median_ms"], check["first_ms"])
+    rows = [
+        ["first request (new connection)", _ms(check["first_ms"])],
+        ["later requests, same connection (median)", _ms(check["later_median_ms"])],
+    ]
+    return Result(["request", "time"], rows, check, {"server.later_over_first": ratio})
+
+
+def step_overhead(b: Bench) -> Result:
+    """Wall time per step through the CLI at zero model latency: the median interval between one
+    step's root request and the next, as the server sees them, over steps 10-60 of one run (steps
+    2-12 at 100 MB), the minimum of three runs. It is the time each step adds to the run (model
+    client, prompt building, sandbox, events, progress output); start-up is left out by construction."""
+    sizes = {"1KB": (1_000, 60), "1MB": (1_000_000, 60), "10MB": (10_000_000, 60), "100MB": (100_000_000, 12)}
+    if b.quick:
+        sizes = {"1KB": (1_000, 60), "10MB": (10_000_000, 25)}
+    names = b.usable()
+    b.sim.configure(0.0)
+    rows, data, ratios, notes = [], {}, {}, []
+    for label, (size, steps) in sizes.items():
+        job = wl.overhead(size, label, steps)
+        skip = 10 if steps >= 60 else 2 if steps <= 12 else 5
+        medians: dict[str, list[float]] = {name: [] for name in names}
+        walls: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(3):  # interleaved, so drift in the machine's load hits every runtime alike
+            for name in names:
+                b.sim.reset()
+                out = b.run(name, job, timeout=900)
+                started = b.sim.stats()["root"]["started"]
+                if out.answer != job.expected or len(started) < steps:
+                    notes.append(f"{name} {label}: {out.error or out.answer!r}")
+                    continue
+                gaps = [later - earlier for earlier, later in itertools.pairwise(started[skip:])]
+                medians[name].append(statistics.median(gaps) * 1000)
+                walls[name].append(out.seconds)
+        per_step = {name: min(m) if m else None for name, m in medians.items()}
+        data[label] = {"ms_per_step": per_step, "medians_ms": medians, "run_seconds": walls}
+        ratios[f"step.{label}.stock_over_fleet"] = _ratio(per_step.get("stock"), per_step.get("fleet"))
+        if "rlms" in per_step:
+            ratios[f"step.{label}.rlms_over_fleet"] = _ratio(per_step.get("rlms"), per_step.get("fleet"))
+        rows.append(
+            [label, f"{skip}-{steps}"]
+            + [_ms(per_step.get(n)) for n in names]
+            + [_x(ratios[f"step.{label}.stock_over_fleet"])]
+        )
+    return Result(["context", "steps", *names, "stock / fleet"], rows, data, ratios, notes)
+
+
+def fanout(b: Bench) -> Result:
+    """One batch of n sub-calls at 100 ms: wall time in the REPL against ceil(n / concurrency) x latency."""
+    latency = 0.1
+    sizes = [256] if b.quick else [64, 256, 1024]
+    b.sim.configure(latency)
+    rows, data, ratios, notes = [], {}, {}, []
+    for n in sizes:
+        job = wl.fanout(n)
+        for name in b.usable():
+            best: tuple[float, int] | None = None
+            for _ in range(1 if b.quick else 2):
+                b.sim.reset()
+                out = b.run(name, job, timeout=600)
+                count, seconds = wl.timed_answer(out.answer)
+                peak = b.sim.stats()["max_in_flight"]
+                if count != str(n) or seconds is None:
+                    notes.append(f"{name} fan-out {n}: {out.error or out.answer!r}")
+                elif best is None or seconds < best[0]:
+                    best = (seconds, peak)
+            if best is None:
+                continue
+            concurrency = {"fleet": FLEET_CONCURRENCY, "stock": STOCK_THREADS}.get(name, best[1])
+            limit = math.ceil(n / concurrency) * latency
+            data[f"{n}.{name}"] = {
+                "seconds": best[0],
+                "max_in_flight": best[1],
+                "concurrency": concurrency,
+                "limit": limit,
+            }
+            ratios[f"fanout.{n}.{name}_over_limit"] = _ratio(best[0], limit)
+            rows.append(
+                [
+                    str(n),
+                    name,
+                    f"{concurrency}",
+                    f"{best[1]}",
+                    f"{best[0]:.3f} s",
+                    f"{limit:.2f} s",
+                    _x(ratios[f"fanout.{n}.{name}_over_limit"]),
+                ]
+            )
+        fleet, stock = data.get(f"{n}.fleet"), data.get(f"{n}.stock")
+        ratios[f"fanout.{n}.stock_over_fleet"] = _ratio(stock and stock["seconds"], fleet and fleet["seconds"])
+    b.sim.configure(0.0)
+    columns = ["sub-calls", "runtime", "concurrency", "max in flight", "batch wall", "physical limit", "wall / limit"]
+    return Result(columns, rows, data, ratios, notes)
+
+
+def child_overhead(b: Bench) -> Result:
+    """Cost of one child RLM beyond a plain sub-call: k sequential rlm_query vs k llm_query, timed in the REPL."""
+    k = 3 if b.quick else 6
+    b.sim.configure(0.0)
+    rows, data, ratios, notes = [], {}, {}, []
+    for name in b.usable():
+        if name == "stock":
+            notes.append("stock: dspy.RLM has no rlm_query (nested programs go through its dspy facade instead)")
+            continue
+        secs = {}
+        for function in ("rlm_query", "llm_query"):
+            job = wl.children(k, function)
+            best = None
+            for _ in range(2):
+                count, seconds = wl.timed_answer(b.run(name, job, timeout=300).answer)
+                if count == str(k) and seconds is not None:
+                    best = seconds if best is None else min(best, seconds)
+            secs[function] = best
+        if secs["rlm_query"] is None or secs["llm_query"] is None:
+            notes.append(f"{name}: the child workload did not complete")
+            continue
+        per_child = (secs["rlm_query"] - secs["llm_query"]) / k * 1000
+        data[name] = {"per_child_ms": per_child, **secs}
+        ratios[f"children.{name}_rlm_over_llm"] = _ratio(secs["rlm_query"], secs["llm_query"])
+        rows.append([name, str(k), f"{secs['rlm_query']:.3f} s", f"{secs['llm_query']:.3f} s", _ms(per_child)])
+    if "fleet" in data and "rlms" in data:
+        ratios["children.rlms_over_fleet"] = _ratio(data["rlms"]["per_child_ms"], data["fleet"]["per_child_ms"])
+    return Result(
+        ["runtime", "children", "k x rlm_query", "k x llm_query", "overhead per child"], rows, data, ratios, notes
+    )
+
+
+def cold_start(b: Bench) -> Result:
+    """Spawn to first useful output: `fleet-rlm --help` against bare Python; `fleet-mcp` against an empty MCP server."""
+    repeats = 3 if b.quick else 7
+    help_s, python_s = cli_help_seconds(repeats)
+    mcp_s, empty_s = mcp_first_reply_seconds(repeats)
+    data = {"help_s": help_s, "python_s": python_s, "mcp_s": mcp_s, "empty_mcp_s": empty_s}
+    ratios = {"cold.help_over_python": _ratio(help_s, python_s), "cold.mcp_over_empty": _ratio(mcp_s, empty_s)}
+    rows = [
+        [
+            "`fleet-rlm --help`",
+            f"{help_s:.3f} s",
+            f"{python_s:.3f} s (`python -c pass`)",
+            _x(ratios["cold.help_over_python"]),
+        ],
+        [
+            "`fleet-mcp` initialize + tools/list",
+            f"{mcp_s:.3f} s",
+            f"{empty_s:.3f} s (empty `MCPServer`)",
+            _x(ratios["cold.mcp_over_empty"]),
+        ],
+    ]
+    return Result(
+        ["what", "fleet-rlm", "floor", "ratio"],
+        rows,
+        data,
+        ratios,
+        ["minimum over repeats; stock dspy.RLM and rlms are libraries with no command to start"],
+    )
+
+
+def prompt_growth(b: Bench) -> Result:
+    """Root prompt after 50 steps that each print a little (characters the model reads on step 51)."""
+    job = wl.long_loop(50)
+    b.sim.configure(0.0)
+    rows, data, ratios, notes = [], {}, {}, []
+    for name in b.usable():
+        b.sim.reset()
+        out = b.run(name, job, timeout=300)
+        root = b.sim.stats()["root"]["prompt_chars"]
+        if out.answer != job.expected or len(root) < 51:
+            notes.append(f"{name}: {out.error or out.answer!r} after {len(root)} root calls")
+            continue
+        data[name] = {"after_50_steps": root[50], "first": root[0], "total": sum(root[:51])}
+        rows.append([name, f"{root[0]:,}", f"{root[50]:,}", f"{sum(root[:51]):,}"])
+    fleet, stock = data.get("fleet"), data.get("stock")
+    ratios["prompt.fleet_over_stock"] = _ratio(fleet and fleet["after_50_steps"], stock and stock["after_50_steps"])
+    return Result(
+        ["runtime", "first root prompt (chars)", "after 50 steps", "all 51 root prompts"], rows, data, ratios, notes
+    )
+
+
+def tasks(b: Bench) -> Result:
+    """Accuracy, tokens and wall time per task, at 20 ms ± 10 ms model latency."""
+    if b.quick:
+        jobs = [wl.needle(2**13), wl.needle(2**20), wl.oolong(64), wl.pairs(64), wl.multihop(40)]
+    else:
+        jobs = [wl.needle(2**n) for n in (13, 17, 20, 24, 27)] + [wl.oolong(256), wl.pairs(256), wl.multihop(400)]
+    b.sim.configure(0.02, 0.01)
+    names = b.usable()
+    rows, data, notes = [], {}, []
+    totals = {name: {"right": 0, "tokens": 0, "seconds": 0.0} for name in names}
+    for job in jobs:
+        cells = [job.tag.strip("[]").removeprefix("bench:")]
+        for name in names:
+            b.sim.reset()
+            out = b.run(name, job, timeout=1800)
+            stats = b.sim.stats()
+            tokens = (
+                sum(stats["root"]["prompt_chars"])
+                + sum(stats["sub"]["prompt_chars"])
+                + stats["root"]["reply_chars"]
+                + stats["sub"]["reply_chars"]
+            ) // 4
+            right = out.answer is not None and out.answer.strip() == job.expected
+            if out.error:
+                notes.append(f"{name} {cells[0]}: {out.error}")
+            data[f"{cells[0]}.{name}"] = {"right": right, "tokens": tokens, "seconds": out.seconds}
+            totals[name]["right"] += right
+            totals[name]["tokens"] += tokens
+            totals[name]["seconds"] += out.seconds
+            cells.append(f"{'✓' if right else '✗'} · {tokens:,} tok · {out.seconds:.2f} s")
+        rows.append(cells)
+    rows.append(
+        ["**total**"]
+        + [f"{t['right']}/{len(jobs)} · {t['tokens']:,} tok · {t['seconds']:.1f} s" for t in totals.values()]
+    )
+    b.sim.configure(0.0)
+    fleet, stock = totals.get("fleet"), totals.get("stock")
+    ratios = {
+        "tasks.fleet_accuracy": round(fleet["right"] / len(jobs), 2) if fleet else None,
+        "tasks.fleet_over_stock_tokens": _ratio(fleet and fleet["tokens"], stock and stock["tokens"]),
+        "tasks.stock_over_fleet_seconds": _ratio(stock and stock["seconds"], fleet and fleet["seconds"]),
+    }
+    notes.append("tokens: characters / 4 of every prompt and reply the server saw (the same count for every runtime)")
+    return Result(["task", *names], rows, {"per_task": data, "totals": totals}, ratios, notes)
+
+
+def peak_memory(b: Bench) -> Result:
+    """Peak resident memory of the whole process tree (runtime, sandbox, workers) over a 100 MB context."""
+    job = wl.overhead(100_000_000, "100MB", 2)
+    rows, data, notes = [], {}, []
+    for name in b.usable():
+        out = b.run(name, job, timeout=900, track_memory=True)
+        if out.answer != job.expected or out.peak_rss_mb is None:
+            notes.append(f"{name}: {out.error or out.answer!r}")
+            continue
+        data[name] = out.peak_rss_mb
+        rows.append([name, f"{out.peak_rss_mb:,.0f} MB"])
+    return Result(
+        ["runtime", "peak RSS (process tree)"],
+        rows,
+        data,
+        {"memory.100MB.fleet_over_stock": _ratio(data.get("fleet"), data.get("stock"))},
+        notes,
+    )
+
+
+def web_health(b: Bench) -> Result:
+    """Spawn to the first 200 on `/health`: `fleet web` against a bare Starlette app on uvicorn (the floor)."""
+    env = web.web_env(b.work / "web-home", b.sim.base_url, MODEL)
+    fleet_s, bare_s = web.health_after_launch(env, 3 if b.quick else 7)
+    ratio = _ratio(fleet_s, bare_s)
+    rows = [["`fleet web` /health", f"{fleet_s:.3f} s", f"{bare_s:.3f} s (bare Starlette app)", _x(ratio)]]
+    notes = ["minimum over repeats; the issue's target is /health within 1.5 s of launch"]
+    return Result(["what", "fleet web", "floor", "ratio"], rows, {"fleet_s": fleet_s, "bare_s": bare_s},
+                  {"web.health_over_bare": ratio}, notes)  # fmt: skip
+
+
+def sse_latency(b: Bench) -> Result:
+    """A run's events from being stored (their `ts`) to arrival at each SSE subscriber of `fleet web`:
+    100 subscribers against 1, the events stored after every subscriber joined, 40 ms model latency."""
+    job = wl.long_loop(60 if b.quick else 120)
+    b.sim.play(job.tag, job.steps)
+    b.sim.configure(0.04)
+    env = web.web_env(b.work / "sse-home", b.sim.base_url, MODEL)
+    data, notes = {}, []
+    with web.web_server(env) as (base, token):
+        for n in (1, 100):
+            data[n] = asyncio.run(web.sse_latency(base, token, job.question, job.max_iters, n))
+            if not data[n]["all_delivered"]:
+                notes.append(f"{n} subscribers: some stream missed events")
+    b.sim.configure(0.0)
+    rows = [[str(n), str(d["events"]), str(d["measured"]), _ms(d["median_ms"]), _ms(d["p95_ms"]),
+             "yes" if d["all_delivered"] else "NO"] for n, d in data.items()]  # fmt: skip
+    ratios = {
+        "sse.p95_100_over_1": _ratio(data[100]["p95_ms"], data[1]["p95_ms"]),
+        "sse.all_delivered": 1.0 if all(d["all_delivered"] for d in data.values()) else 0.0,
+    }
+    columns = ["subscribers", "events per stream", "deliveries measured", "median", "p95", "all delivered"]
+    return Result(columns, rows, {str(k): v for k, v in data.items()}, ratios, notes)
+
+
+@dataclass(frozen=True)
+class Figure:
+    id: str
+    title: str
+    measure: Callable[[Bench], Result] | None
+    quick: bool = True  # part of --quick (the CI guard)
+    unavailable: Callable[[], str | None] = lambda: None
+
+    @property
+    def meaning(self) -> str:
+        return (self.measure.__doc__ or "").strip() if self.measure else ""
+
+
+FIGURES: list[Figure] = [
+    Figure("server", "Simulated model: kept-alive request time", server_check),
+    Figure("step", "Per-step runtime overhead against context size", step_overhead),
+    Figure("fanout", "Sub-call fan-out against the physical limit", fanout),
+    Figure("children", "Child RLM overhead", child_overhead),
+    Figure("cold", "Cold start", cold_start),
+    Figure("web", "`fleet web` health, cold", web_health),
+    Figure("sse", "SSE delivery latency, 100 subscribers", sse_latency),
+    Figure("memory", "Peak memory at 100 MB", peak_memory, quick=False),
+    Figure("prompt", "Root prompt size after 50 steps", prompt_growth),
+    Figure("tasks", "Accuracy and token cost per task", tasks),
+]
+
+
+def measure(figure: Figure, bench: Bench) -> dict[str, Any]:
+    """One figure's section of the report; never raises for a figure that fails to measure."""
+    entry: dict[str, Any] = {"id": figure.id, "title": figure.title, "meaning": figure.meaning}
+    reason = figure.unavailable() if figure.measure is None else None
+    if figure.measure is None:
+        return {**entry, "available": False, "reason": reason, "ratios": {}}
+    if bench.quick and not figure.quick:
+        return {**entry, "available": False, "reason": "full run only (without --quick)", "ratios": {}}
+    started = time.perf_counter()
+    try:
+        result = figure.measure(bench)
+    except Exception as exc:  # a broken figure is reported, and its ratios are missing (bounds fail)
+        print(f"bench: figure {figure.id} failed: {exc!r}", file=sys.stderr)
+        return {**entry, "available": False, "reason": f"failed: {exc!r}", "ratios": {}}
+    return {
+        **entry,
+        "available": True,
+        "columns": result.columns,
+        "rows": result.rows,
+        "data": result.data,
+        "ratios": result.ratios,
+        "notes": result.notes + bench.skipped_notes(),
+        "seconds": round(time.perf_counter() - started, 1),
+    }

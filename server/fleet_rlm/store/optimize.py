@@ -1,0 +1,235 @@
+"""The store's optimization tables: datasets, program versions and their activations, optimizations,
+and the evaluation cache (schema: ``store/db.py``, migration 5).
+
+A mixin of ``Store``: writes go through the store's one writer thread (``self._writer.run``), reads
+through its read connection (``self._read``), like every other table. Free text a person or a model
+wrote (questions, answers, comments, contexts) is masked by ``redact`` on the way in.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import TYPE_CHECKING, Any
+
+from fleet_rlm.redaction import redact
+
+if TYPE_CHECKING:
+    from fleet_rlm.store.writer import Tx, Writer
+
+_DATASET_COLUMNS = ("id", "name", "source", "holdout_fraction", "seed", "created_at")
+_ROW_COLUMNS = ("idx", "split", "question", "context_text", "context_paths_json", "answer", "verdict", "comment",
+                "run_id")  # fmt: skip
+_VERSION_COLUMNS = ("id", "base_id", "optimization_id", "dataset_id", "optimizer", "metric", "scores_json",
+                    "state_json", "changes_json", "created_at")  # fmt: skip
+_OPT_COLUMNS = ("id", "lineage", "dataset_id", "optimizer", "metric", "base_version", "params_json", "version_id",
+                "scores_json", "created_at")  # fmt: skip
+_OPT_UPDATABLE = frozenset({"version_id", "scores_json"})
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
+
+
+def _record(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row as a dict; ``*_json`` columns decoded under their name without the suffix."""
+    out: dict[str, Any] = {}
+    for name, value in zip(columns, row, strict=True):
+        if name.endswith("_json"):
+            out[name[:-5]] = json.loads(value) if value else None
+        else:
+            out[name] = value
+    return out
+
+
+class OptimizeTables:
+    """Datasets, program versions, optimizations and the eval cache (mixed into ``Store``)."""
+
+    _writer: Writer
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:  # Store's
+        raise NotImplementedError
+
+    # -- datasets -------------------------------------------------------------------------------
+
+    def create_dataset(
+        self, dataset_id: str, name: str, source: str, holdout_fraction: float, seed: int, rows: list[dict[str, Any]]
+    ) -> None:
+        """Insert a dataset with its rows (each: the ``_ROW_COLUMNS`` without ``_json``, ``context_paths``
+        a list). ValueError when the name is taken."""
+        values = [
+            (dataset_id, r["idx"], r["split"], redact(r["question"]), redact(r.get("context_text")),
+             _dumps(r.get("context_paths") or []), redact(r["answer"]),
+             None if r.get("verdict") is None else int(bool(r["verdict"])), redact(r.get("comment")), r.get("run_id"))
+            for r in rows
+        ]  # fmt: skip
+
+        def insert(tx: Tx) -> None:
+            try:
+                tx.conn.execute(
+                    f"INSERT INTO datasets ({', '.join(_DATASET_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (dataset_id, name, source, holdout_fraction, seed, time.time()),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise ValueError(f"a dataset named {name!r} exists already") from exc
+            tx.conn.executemany(
+                f"INSERT INTO dataset_rows (dataset_id, {', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * 10)})",
+                values,
+            )
+
+        self._writer.run(insert)
+
+    def get_dataset(self, name_or_id: str) -> dict[str, Any] | None:
+        """The dataset (by name, else id) with its row counts per split."""
+        rows = self._read(
+            f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets WHERE name = ? OR id = ? ORDER BY name = ? DESC",
+            (name_or_id, name_or_id, name_or_id),
+        )
+        return self._with_counts(_record(_DATASET_COLUMNS, rows[0])) if rows else None
+
+    def list_datasets(self) -> list[dict[str, Any]]:
+        rows = self._read(f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets ORDER BY created_at DESC, name")
+        return [self._with_counts(_record(_DATASET_COLUMNS, r)) for r in rows]
+
+    def _with_counts(self, dataset: dict[str, Any]) -> dict[str, Any]:
+        counts = dict(
+            self._read("SELECT split, COUNT(*) FROM dataset_rows WHERE dataset_id = ? GROUP BY split", (dataset["id"],))
+        )
+        dataset["train"] = int(counts.get("train", 0))
+        dataset["holdout"] = int(counts.get("holdout", 0))
+        return dataset
+
+    def dataset_rows(self, dataset_id: str) -> list[dict[str, Any]]:
+        rows = self._read(
+            f"SELECT {', '.join(_ROW_COLUMNS)} FROM dataset_rows WHERE dataset_id = ? ORDER BY idx", (dataset_id,)
+        )
+        out = []
+        for r in rows:
+            rec = _record(_ROW_COLUMNS, r)
+            rec["verdict"] = None if rec["verdict"] is None else bool(rec["verdict"])
+            out.append(rec)
+        return out
+
+    def judged_runs(self) -> list[dict[str, Any]]:
+        """Each run's newest feedback with what a dataset needs of the run (people's runs only)."""
+        sql = (
+            "SELECT r.id, r.question, r.answer, r.request_json, f.correct, f.expected, f.comment FROM feedback f"
+            " JOIN runs r ON r.id = f.run_id WHERE r.kind = 'run'"
+            " AND f.id = (SELECT MAX(id) FROM feedback WHERE run_id = f.run_id) ORDER BY r.created_at, r.id"
+        )
+        keys = ("run_id", "question", "answer", "request", "correct", "expected", "comment")
+        rows = [dict(zip(keys, r, strict=True)) for r in self._read(sql)]
+        for row in rows:
+            row["request"] = json.loads(row["request"] or "{}")
+            row["correct"] = bool(row["correct"])
+        return rows
+
+    # -- program versions -----------------------------------------------------------------------
+
+    def add_program_version(self, version: dict[str, Any]) -> None:
+        """Insert a version: ``_VERSION_COLUMNS``, the ``*_json`` ones under their bare names."""
+        values = [_dumps(version[c[:-5]]) if c.endswith("_json") else version.get(c) for c in _VERSION_COLUMNS]
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                f"INSERT INTO program_versions ({', '.join(_VERSION_COLUMNS)}) VALUES ({', '.join('?' * 10)})", values
+            )
+
+        self._writer.run(insert)
+
+    def get_program_version(self, version_id: str) -> dict[str, Any] | None:
+        rows = self._read(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM program_versions WHERE id = ?", (version_id,))
+        return _record(_VERSION_COLUMNS, rows[0]) if rows else None
+
+    def list_program_versions(self) -> list[dict[str, Any]]:
+        """Newest first, without their saved state (it can be large)."""
+        columns = tuple(c for c in _VERSION_COLUMNS if c != "state_json")
+        rows = self._read(f"SELECT {', '.join(columns)} FROM program_versions ORDER BY created_at DESC, id DESC")
+        return [_record(columns, r) for r in rows]
+
+    def activate_program(self, version_id: str | None, action: str, reason: str | None) -> None:
+        """Make ``version_id`` (None: the built-in program) the one new runs use; kept as history."""
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                "INSERT INTO program_activations (version_id, action, reason, created_at) VALUES (?, ?, ?, ?)",
+                (version_id, action, redact(reason), time.time()),
+            )
+
+        self._writer.run(insert)
+
+    def activations(self) -> list[dict[str, Any]]:
+        """Promotions and rollbacks, newest first."""
+        keys = ("id", "version_id", "action", "reason", "created_at")
+        rows = self._read(f"SELECT {', '.join(keys)} FROM program_activations ORDER BY id DESC")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def active_program_version(self) -> str | None:
+        rows = self._read("SELECT version_id FROM program_activations ORDER BY id DESC LIMIT 1")
+        return rows[0][0] if rows else None
+
+    # -- optimizations --------------------------------------------------------------------------
+
+    def create_optimization(self, opt: dict[str, Any]) -> None:
+        values = [_dumps(opt[c[:-5]]) if c.endswith("_json") else opt.get(c) for c in _OPT_COLUMNS]
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(f"INSERT INTO optimizations ({', '.join(_OPT_COLUMNS)}) VALUES ({', '.join('?' * 10)})",
+                            values)  # fmt: skip
+
+        self._writer.run(insert)
+
+    def update_optimization(self, opt_id: str, **fields: Any) -> None:
+        """Set ``version_id`` and/or ``scores`` of an optimization."""
+        columns = {f"{k}_json" if f"{k}_json" in _OPT_UPDATABLE else k: v for k, v in fields.items()}
+        bad = sorted(set(columns) - _OPT_UPDATABLE)
+        if bad:
+            raise ValueError(f"cannot update optimization field(s): {', '.join(bad)}")
+        params = [_dumps(v) if k.endswith("_json") else v for k, v in columns.items()]
+        sql = f"UPDATE optimizations SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?"
+        self._writer.run(lambda tx: tx.conn.execute(sql, [*params, opt_id]))
+
+    def get_optimization(self, opt_id: str) -> dict[str, Any] | None:
+        rows = self._read(f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations WHERE id = ?", (opt_id,))
+        return _record(_OPT_COLUMNS, rows[0]) if rows else None
+
+    def list_optimizations(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._read(
+            f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
+        )
+        return [_record(_OPT_COLUMNS, r) for r in rows]
+
+    # -- evaluation cache -----------------------------------------------------------------------
+
+    def cached_eval(self, lineage: str, program_hash: str, example_key: str) -> dict[str, Any] | None:
+        keys = ("run_id", "answer", "steps_json", "llm_calls", "cost")
+        rows = self._read(
+            f"SELECT {', '.join(keys)} FROM eval_cache WHERE lineage = ? AND program_hash = ? AND example_key = ?",
+            (lineage, program_hash, example_key),
+        )
+        return _record(keys, rows[0]) if rows else None
+
+    def cache_eval(
+        self,
+        lineage: str,
+        program_hash: str,
+        example_key: str,
+        *,
+        run_id: str | None,
+        answer: str | None,
+        steps: list[dict[str, Any]],
+        llm_calls: int,
+        cost: float | None,
+    ) -> None:
+        row = (lineage, program_hash, example_key, run_id, redact(answer), _dumps(redact(steps)), llm_calls, cost,
+               time.time())  # fmt: skip
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                "INSERT OR REPLACE INTO eval_cache (lineage, program_hash, example_key, run_id, answer, steps_json,"
+                " llm_calls, cost, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+
+        self._writer.run(insert)

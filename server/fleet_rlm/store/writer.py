@@ -1,0 +1,189 @@
+"""The store's single writer thread: every write of a ``Store`` runs on it, in group commits.
+
+Modelled on Datasette's ``Database.execute_write_fn``: one thread owns the write connection, and
+everyone else queues jobs for it. A queued job is a function of a ``Tx``; callers either wait for
+its ``concurrent.futures.Future`` (``submit``) or queue it and move on (``submit(..., wait=False)``,
+what ``EventBus.publish`` does, so the event loop never waits for SQLite).
+
+The thread drains whatever is queued into one transaction (``BEGIN IMMEDIATE``, which takes
+SQLite's write lock up front, across processes too), each job inside its own savepoint so one
+failing job does not undo its neighbours. Only after ``COMMIT`` are futures resolved and what the
+jobs published (``Tx.published``) handed to the listeners: durable before visible.
+
+Queue order is commit order: a job commits with or after every job queued before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fleet_rlm.store.db import StoreError, connect
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_MAX_BATCH = 1000  # jobs per transaction: bounds how long one commit keeps readers of its results waiting
+_STOP = object()
+
+
+class Tx:
+    """What a job sees: the write connection inside the batch's open transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.published: list[Any] = []  # handed to the listeners after COMMIT
+        self.cache: dict[Any, Any] = {}  # valid for this transaction only (e.g. each run's next seq)
+
+
+Job = Callable[[Tx], Any]
+Listener = Callable[[list[Any]], None]
+
+
+class Writer:
+    """One thread, one connection, a queue of jobs. Started by the first write; ``close`` drains it."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards starting and closing
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._tx: Tx | None = None  # the open transaction; only the writer thread touches it
+        self.listeners: list[Listener] = []  # called on the writer thread, after COMMIT: must not block
+
+    def submit(self, job: Job, *, wait: bool = True) -> Future[Any] | None:
+        """Queue ``job``; its future (None when ``wait`` is False: failures are only logged)."""
+        future: Future[Any] | None = Future() if wait else None
+        with self._lock:  # so nothing is queued behind close()'s stop marker
+            if self._closed:
+                raise StoreError("the store is closed: open a new Store to write")
+            if self._thread is None:
+                self._start()
+            self._queue.put((job, future))
+        return future
+
+    def run(self, job: Callable[[Tx], T]) -> T:
+        """Run ``job`` and wait for its commit. On the writer thread (a job calling a write
+        method of the store), it joins the open transaction instead: waiting would deadlock."""
+        if threading.current_thread() is self._thread:
+            if self._tx is None:
+                raise RuntimeError("a store write from a commit listener: listeners must not write")
+            return job(self._tx)
+        future = self.submit(job)
+        assert future is not None
+        return future.result()
+
+    def barrier(self) -> Future[None]:
+        """Done once everything queued before it is committed and delivered."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("waiting for the store's writer on its own thread would deadlock")
+        with self._lock:
+            idle = self._thread is None or self._closed  # nothing queued, or close() drains it
+        if idle:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        return self.submit(_nothing)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the thread and close its connection. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(_STOP)
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
+
+    def _start(self) -> None:
+        # Under self._lock. Opened here, not on the thread, so a store that cannot be opened
+        # fails the caller. A daemon so a store nobody closed does not hang the interpreter's
+        # exit; the Store's finalizer (run at exit too) drains the queue first.
+        conn = connect(self._path)
+        self._thread = threading.Thread(target=self._main, args=(conn,), name="fleet-store-writer", daemon=True)
+        self._thread.start()
+
+    def _main(self, conn: sqlite3.Connection) -> None:
+        try:
+            while True:
+                batch = [self._queue.get()]
+                while len(batch) < _MAX_BATCH:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                stop = batch[-1] is _STOP  # close() queues it last: nothing is queued after it
+                self._commit(conn, batch[:-1] if stop else batch)
+                if stop:
+                    return
+        finally:
+            conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[tuple[Job, Future[Any] | None]]) -> None:
+        # A future cancelled while queued is not run (Store.write shields its own, so it never is).
+        batch = [(job, f) for job, f in batch if f is None or f.set_running_or_notify_cancel()]
+        if not batch:
+            return
+        outcomes: list[tuple[Future[Any] | None, Any, BaseException | None]] = []
+        tx = Tx(conn)
+        self._tx = tx
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for job, future in batch:
+                outcomes.append((future, *_in_savepoint(tx, job)))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the transaction itself failed: the lock stayed busy, disk full, ...
+            with contextlib.suppress(sqlite3.Error):  # the thread must live on: callers wait on it
+                conn.execute("ROLLBACK")
+            log.error("the store could not commit %d queued write(s), which are lost: %s", len(batch), exc)
+            for _, future in batch:
+                if future is not None:
+                    future.set_exception(exc)
+            return
+        finally:
+            self._tx = None
+        # Visible only now. Listeners first: whoever waits on a future then finds the events delivered.
+        if tx.published:
+            for listener in list(self.listeners):
+                try:
+                    listener(tx.published)
+                except Exception:
+                    log.exception("a store commit listener failed")
+        for future, result, error in outcomes:
+            if future is None:
+                if error is not None:
+                    log.warning("a queued store write failed: %s", error)
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+
+def _in_savepoint(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
+    """Run one job; on failure undo just its changes (and what it published). Errors of the
+    transaction itself (ROLLBACK TO failing) propagate and fail the batch."""
+    mark = len(tx.published)
+    tx.conn.execute("SAVEPOINT job")
+    try:
+        result = job(tx)
+    except Exception as exc:
+        tx.conn.execute("ROLLBACK TO job")
+        tx.conn.execute("RELEASE job")
+        del tx.published[mark:]
+        tx.cache.clear()  # it may describe rows the rollback removed
+        return None, exc
+    tx.conn.execute("RELEASE job")
+    return result, None
+
+
+def _nothing(tx: Tx) -> None:
+    return None

@@ -1,0 +1,58 @@
+"""Every error the web app answers, mapped in one place: JSON ``{"error", "message"}`` with the
+status the error hierarchy names (``FleetError.http_status``), never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from fleet_rlm.core.errors import FleetError
+from fleet_rlm.redaction import redact_text
+
+log = logging.getLogger(__name__)
+
+KINDS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    421: "misdirected",
+    500: "internal",
+    503: "unavailable",
+}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": KINDS.get(status, "error"), "message": redact_text(message)}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def fleet_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, FleetError)
+    return error_response(exc.http_status, exc.message)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"nothing at {request.url.path}: /openapi.json lists every route"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}: /openapi.json lists the methods"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message, dict(exc.headers or {}))
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    """A bug or an outage: logged here in full, answered with one line."""
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal error (a bug): the server log has the details; please report it")
+
+
+HANDLERS = {FleetError: fleet_error, HTTPException: http_error, Exception: internal_error}

@@ -1,0 +1,198 @@
+"""Request bodies, query strings and the small responses of the JSON API that are not views of
+core (``fleet_rlm.core.views`` holds runs, traces and volumes). Their JSON Schemas are what
+``/openapi.json`` publishes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet_rlm.core import views
+from fleet_rlm.core.types import RunStatus
+
+ID = Field(min_length=1, max_length=200)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+class RunsQuery(BaseModel):
+    limit: int = Field(50, ge=1, le=500)
+    offset: int = Field(0, ge=0)
+    status: RunStatus | None = None
+    q: str | None = Field(None, max_length=1000, description="Only runs whose question contains this.")
+    session_id: str | None = Field(None, max_length=200)
+
+
+class DeleteRunsQuery(BaseModel):
+    older_than_days: float = Field(gt=0, le=100_000, description="Delete finished runs created before this.")
+
+
+class RunStart(Strict):
+    question: str = Field(min_length=1, max_length=200_000)
+    context_text: list[str] = Field(default_factory=list, description="Pasted text, one source each.")
+    context_paths: list[str] = Field(
+        default_factory=list, description="Host paths within FLEET_CONTEXT_ROOTS, or vol:NAME/PATH."
+    )
+    upload_ids: list[str] = Field(default_factory=list, description="Files sent before with POST /api/uploads.")
+    session_id: str | None = Field(None, max_length=64, description="Continue in this session's REPL.")
+    volume: str | None = Field(None, max_length=64, description="Mount only this volume (created if new).")
+    max_iters: int | None = Field(None, ge=1, le=1000)
+    max_depth: int | None = Field(None, ge=0, le=10)
+    max_llm_calls: int | None = Field(None, ge=1, le=100_000)
+    max_seconds: float | None = Field(None, gt=0, le=86_400)
+    max_cost: float | None = Field(None, gt=0, le=10_000)
+    include_hidden: bool = False
+
+
+class RunStarted(BaseModel):
+    run_id: str
+    status: RunStatus
+
+
+class CancelResult(BaseModel):
+    run_id: str
+    cancelled: bool
+    status: RunStatus
+    message: str
+
+
+class TraceQuery(BaseModel):
+    node: str = Field("root", max_length=200)
+    step: int | None = Field(None, ge=0)
+    detail: Literal["summary", "full"] = "summary"
+    offset: int = Field(0, ge=0)
+    limit: int = Field(20, ge=1, le=500)
+
+
+class TraceTree(BaseModel):
+    """The whole run folded into a tree (``core.trace.build_trace``): steps and sub-calls carry ``ts``."""
+
+    model_config = ConfigDict(extra="allow")
+    run: dict[str, Any]
+    root: str
+    nodes: dict[str, dict[str, Any]]
+
+
+class FeedbackIn(Strict):
+    correct: bool
+    expected: str | None = Field(None, max_length=200_000, description="The right answer, if the run's was wrong.")
+    comment: str | None = Field(None, max_length=20_000)
+
+
+class FeedbackList(BaseModel):
+    feedback: list[views.Feedback]
+
+
+class Deleted(BaseModel):
+    deleted: int
+
+
+class Upload(BaseModel):
+    upload_id: str
+    name: str
+    size: int
+
+
+class UploadList(BaseModel):
+    uploads: list[Upload]
+
+
+# -- sessions -----------------------------------------------------------------------------------
+
+
+class SessionInfo(BaseModel):
+    id: str
+    name: str | None
+    created_at: float
+    last_used_at: float
+    closed_at: float | None
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class SessionsQuery(BaseModel):
+    include_closed: bool = False
+
+
+class SessionCreate(Strict):
+    name: str | None = Field(None, max_length=200)
+
+
+class SessionCreated(BaseModel):
+    id: str
+
+
+# -- volumes ------------------------------------------------------------------------------------
+
+
+class VolumeCreate(Strict):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class VolumeCreated(BaseModel):
+    name: str
+
+
+class FilesQuery(BaseModel):
+    path: str = Field("", max_length=4096)
+    recursive: bool = False
+
+
+class TextQuery(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    offset: int = Field(0, ge=0)
+    length: int = Field(65536, ge=1, le=8 * 1024 * 1024)
+
+
+class PathQuery(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+
+
+# -- settings and system ------------------------------------------------------------------------
+
+
+class Setting(BaseModel):
+    name: str
+    env: str = Field(description="The environment variable that sets it (and overrides a saved value).")
+    value: Any = Field(description="The value in effect; always null for secrets.")
+    source: Literal["env", "keyring", "dotenv", "file", "default"]
+    secret: bool
+    set: bool
+    overridden_by_env: bool = Field(description="A saved value exists but the environment variable wins.")
+    description: str
+
+
+class SettingList(BaseModel):
+    settings: list[Setting]
+
+
+class Check(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+class DiskUse(BaseModel):
+    runs: int = Field(description="Bytes of the store (runs, events) and runs' scratch folders.")
+    uploads: int
+    volumes: int
+    total: int = Field(description="Bytes of all of FLEET_HOME.")
+    retention_days: int | None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Error(BaseModel):
+    error: str = Field(description="A short kind: bad_request, unauthorized, not_found, conflict, too_large, ...")
+    message: str = Field(description="What went wrong and how to fix it.")

@@ -1,0 +1,85 @@
+"""``fleet web``: serve the app on uvicorn, print the sign-in address, open the browser.
+
+Like Jupyter, the address carries the token in its fragment (``/#token=...``: a fragment never
+reaches the server's logs or the Referer); the page trades it for the session cookie. The token is
+``FLEET_MCP_TOKEN`` or the keyring's ``mcp_token`` when set (so MCP client configurations survive
+restarts), else random for this launch. Nothing heavy is imported before the socket listens, so
+``/health`` answers within a fraction of a second; the runtime loads in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import webbrowser
+from typing import TextIO
+
+from fleet_rlm.http_auth import BindError, check_bind, is_loopback, listen, resolve_token, url_of
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 8000
+
+
+def sign_in_url(base: str, token: str | None) -> str:
+    return f"{base}/#token={token}" if token else f"{base}/"
+
+
+def announce(url: str, mcp_url: str, out: TextIO) -> None:
+    print(f"fleet web: open {url}", file=out)
+    print(f"fleet web: MCP clients connect to {mcp_url} with 'Authorization: Bearer <the token above>'", file=out)
+    print("fleet web: the address carries this launch's token; anyone with it can use the server", file=out)
+    out.flush()
+
+
+def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bool = True,
+          allow_remote: bool = False, out: TextIO | None = None) -> None:  # fmt: skip
+    """Run ``fleet web`` until stopped (blocking). Raises BindError/OSError before listening when refused."""
+    import uvicorn
+
+    from fleet_rlm.web.app import create_app
+
+    out = out or sys.stderr
+    required = resolve_token()
+    token = required.value if required else None
+    check_bind(host, token, allow_remote)
+    sock = listen(host, port)
+    bound_port = sock.getsockname()[1]
+    app = create_app(token=token, host=host, port=bound_port, allow_remote=allow_remote)
+    if not is_loopback(host) and not os.environ.get("FLEET_CONTEXT_ROOTS"):
+        log.warning("remote clients can name any file this user can read as context: set FLEET_CONTEXT_ROOTS")
+    base = url_of(sock)
+    url = sign_in_url(base, token)
+    announce(url, f"{base}/mcp", out)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    if open_browser:
+        threading.Thread(target=_open_when_up, args=(server, url), daemon=True).start()
+    server.run(sockets=[sock])
+
+
+def _open_when_up(server: object, url: str) -> None:
+    import time
+
+    while not getattr(server, "started", False) and not getattr(server, "should_exit", False):
+        time.sleep(0.05)
+    if getattr(server, "started", False) and not webbrowser.open(url):
+        print("fleet web: could not open a browser: open the address above yourself", file=sys.stderr)
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """The ``fleet web`` command (``fleet_rlm.cli.main`` parses its arguments)."""
+    from fleet_rlm.redaction import RedactingFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    try:
+        serve(args.host, args.port, open_browser=not args.no_open, allow_remote=args.allow_remote)
+    except (BindError, OSError, ValueError) as exc:
+        print(f"fleet web: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

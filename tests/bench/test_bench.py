@@ -1,0 +1,134 @@
+"""The benchmark's guard: the bound checker, the runner's exit code, the simulated model's
+wire behaviour and dialects, the workloads' answers, and the --quick run CI relies on."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from bench.figures import FIGURES
+from bench.report import check_bounds, load_bounds
+from bench.simlm import SimLM
+
+from bench import workloads as wl
+from tests.support.oracle_lm import OracleLM, Scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+BOUNDS = load_bounds(ROOT / "bench" / "bounds.toml")
+
+
+def _verdict(ratios: dict[str, float | None], ratio: str, mode: str = "quick") -> bool:
+    [verdict] = [v for v in check_bounds(ratios, BOUNDS, mode) if v["ratio"] == ratio]
+    return verdict["ok"]
+
+
+def test_bound_checker_fails_a_regressed_ratio() -> None:
+    assert _verdict({"step.10MB.stock_over_fleet": 20.0}, "step.10MB.stock_over_fleet")
+    # The runtime re-sending its input every step, like stock does, brings the ratio near 1.
+    assert not _verdict({"step.10MB.stock_over_fleet": 1.2}, "step.10MB.stock_over_fleet")
+    assert _verdict({"fanout.256.fleet_over_limit": 1.2}, "fanout.256.fleet_over_limit", "full")
+    assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit", "full")
+
+
+def test_an_unmeasured_ratio_fails_its_bound() -> None:
+    assert not _verdict({}, "tasks.fleet_accuracy")
+    assert not _verdict({"tasks.fleet_accuracy": None}, "tasks.fleet_accuracy")
+
+
+def test_every_bound_names_a_figure_and_a_limit() -> None:
+    ids = {f.id for f in FIGURES}
+    for bound in BOUNDS:
+        assert bound.figure in ids, bound
+        assert bound.min is not None or bound.max is not None, bound
+        assert set(bound.modes) <= {"quick", "full"}, bound
+
+
+def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "bench", "--quick", "--json", "--out", str(tmp_path), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_runner_exit_code_reflects_a_failed_bound(tmp_path: Path) -> None:
+    impossible = tmp_path / "impossible.toml"
+    impossible.write_text('[[bound]]\nratio = "server.later_over_first"\nmax = 0.0001\n')
+    failed = _bench(tmp_path, "--only", "server", "--bounds", str(impossible))
+    assert failed.returncode == 1, failed.stderr
+    report = json.loads(failed.stdout)
+    assert [v["ok"] for v in report["bounds"]] == [False]
+    assert "bound failed: server.later_over_first" in failed.stderr
+    passing = _bench(tmp_path, "--only", "server")
+    assert passing.returncode == 0, passing.stderr
+    assert json.loads(passing.stdout)["ok"] is True
+
+
+def test_simulated_model_answers_kept_alive_requests_without_stalling() -> None:
+    """A response written in two sends waits for the client's delayed ACK on later requests."""
+    with SimLM() as sim:
+        check = sim.keepalive_check()
+    assert check["later_median_ms"] <= 3 * check["first_ms"], check
+
+
+def _post(base_url: str, messages: list[dict[str, str]]) -> str:
+    parts = urlsplit(base_url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn.request("POST", f"{parts.path}/chat/completions", json.dumps({"model": "m", "messages": messages}))
+    body = json.loads(conn.getresponse().read())
+    conn.close()
+    return body["choices"][0]["message"]["content"]
+
+
+def test_oracle_speaks_the_rlms_dialect() -> None:
+    system = {"role": "system", "content": "Write code in ```repl``` blocks."}
+    with OracleLM(Scenario("[t]", ["x = 1", "SUBMIT(x + 1)"])) as lm:
+        first = _post(lm.base_url, [system, {"role": "user", "content": "Answer the following: [t]"}])
+        second = _post(
+            lm.base_url,
+            [system, {"role": "user", "content": "[t]"}, {"role": "assistant", "content": first}],
+        )
+    assert "```repl\nx = 1\n```" in first and "[[ ##" not in first
+    assert 'answer["content"] = str(x + 1); answer["ready"] = True' in second
+
+
+def test_jitter_is_seeded_and_sizes_are_kept_without_messages() -> None:
+    with OracleLM(Scenario("[t]", ["SUBMIT(1)"])) as lm:
+        lm.state.keep_messages = False
+        _post(lm.base_url, [{"role": "user", "content": "ECHO: hello"}])
+        [request] = lm.requests()
+    assert request.messages == [] and request.prompt_chars == len("ECHO: hello") and request.reply_chars > 0
+
+
+def test_workloads_are_seeded_and_their_reader_reaches_the_expected_answers(tmp_path: Path) -> None:
+    job, again = wl.oolong(48), wl.oolong(48)
+    job.write_context(tmp_path / "records.txt")
+    again.write_context(tmp_path / "again.txt")
+    assert (tmp_path / "records.txt").read_bytes() == (tmp_path / "again.txt").read_bytes()
+    assert (job.steps, job.expected) == (again.steps, again.expected)
+    lines = (tmp_path / "records.txt").read_text().splitlines()
+    assert str(sum(wl.read("LABEL: " + line) == "positive" for line in lines)) == job.expected
+    hop = wl.multihop(30)
+    hop.write_context(tmp_path / "docs.txt")
+    docs = (tmp_path / "docs.txt").read_text().split("\n\n")
+    subject = hop.question.split("does ")[1].split("'s manager")[0]
+    manager = wl.read("EXTRACT manager: " + next(d for d in docs if f"{subject}'s manager" in d))
+    office = wl.read("EXTRACT office: " + next(d for d in docs if f"{manager} works in" in d))
+    assert office == hop.expected
+    assert wl.timed_answer("256 in 1.6000s") == ("256", 1.6)
+
+
+@pytest.mark.slow
+def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path) -> None:
+    done = _bench(tmp_path)
+    report = json.loads(done.stdout)
+    failed = [v for v in report["bounds"] if not v["ok"]]
+    assert done.returncode == 0 and not failed, (failed, done.stderr[-2000:])
+    step = next(f for f in report["figures"] if f["id"] == "step")
+    assert {"fleet", "stock"} <= set(step["columns"])
+    assert report["ratios"]["step.1KB.stock_over_fleet"] is not None
+    # `fleet web`'s figures are measured, every SSE event reaching every subscriber.
+    assert {"web", "sse"} <= {f["id"] for f in report["figures"] if f["available"]}
+    assert report["ratios"]["sse.all_delivered"] == 1.0

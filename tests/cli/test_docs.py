@@ -1,0 +1,323 @@
+"""docs/cli.md is the truth about the CLI: every command and flag it documents exists in `--help`
+and the reverse, and each one is run (harmless arguments, fresh FLEET_HOME, the scripted LM) with
+its exit status and first stderr line checked, for good input and for bad."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support.oracle_lm import OracleLM, Scenario
+
+BIN = Path(sys.executable).parent
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+FLAG = re.compile(r"--[a-z][a-z-]*")
+WORD = re.compile(r"[a-z][a-z-]*")
+
+Key = tuple[str, ...]  # ("fleet-rlm", "volumes", "rm")
+
+
+def documented() -> dict[Key, set[str]]:
+    """Every synopsis in docs/cli.md's code blocks: program and command words -> flags."""
+    blocks = re.findall(r"```\n(.*?)```", DOC.read_text(), re.DOTALL)
+    lines: list[str] = []
+    for block in blocks:
+        for line in block.splitlines():
+            if line[:1].isspace() and lines:
+                lines[-1] += " " + line.strip()  # a wrapped synopsis
+            elif line.strip():
+                lines.append(line.strip())
+    found: dict[Key, set[str]] = {}
+    for line in lines:
+        tokens = line.split()
+        if tokens[0] not in {"fleet-rlm", "fleet"}:
+            continue
+        words = [tokens[0]]
+        for token in tokens[1:]:
+            if not WORD.fullmatch(token):
+                break
+            words.append(token)
+        found.setdefault(tuple(words), set()).update(set(FLAG.findall(line)) - {"--help"})
+    return found
+
+
+def run(
+    *argv: str, env: dict[str, str], prog: str = "fleet-rlm", stdin: str | None = ""
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / prog), *argv], input=stdin, capture_output=True, text=True, env={**os.environ, **env}, timeout=120
+    )
+
+
+def help_flags(words: Key, env: dict[str, str]) -> tuple[set[str], list[str]]:
+    """(flags, subcommands) that ``--help`` of a command shows."""
+    out = run(*words[1:], "--help", env=env, prog=words[0])
+    assert out.returncode == 0, out.stderr
+    flags: set[str] = set()
+    subcommands: list[str] = []
+    for line in out.stdout.splitlines():
+        if re.match(r"^  -", line):  # an option row: "  --context PATH, -c PATH   help"
+            flags |= set(FLAG.findall(re.split(r"\s{2,}", line.strip())[0]))
+        elif m := re.match(r"^    ([a-z][a-z-]*)(\s|$)", line):  # a subcommand row
+            subcommands.append(m.group(1))
+    return flags - {"--help"}, subcommands
+
+
+def test_help_and_docs_agree(fleet_env: dict) -> None:
+    docs = documented()
+    shown: dict[Key, set[str]] = {}
+    todo: list[Key] = [("fleet-rlm",)]
+    while todo:
+        key = todo.pop()
+        flags, subcommands = help_flags(key, fleet_env)
+        if subcommands:  # a group (volumes, config): its actions are the documented commands
+            todo += [(*key, s) for s in subcommands]
+            if len(key) > 1:
+                continue
+        shown[key] = flags
+    assert set(shown) == set(docs) - {("fleet",)}, "commands in --help and docs/cli.md differ"
+    for key, flags in shown.items():
+        assert docs[key] == flags, f"{' '.join(key)}: --help shows {sorted(flags)}, docs/cli.md {sorted(docs[key])}"
+    # `fleet` with options is the chat.
+    assert docs[("fleet",)] == shown[("fleet-rlm", "chat")]
+
+
+# -- the walk -----------------------------------------------------------------------------------
+
+# One harmless invocation per documented flag, and per command without flags (key (..., "")).
+# "{file}", "{run}" and "{port}" are filled in by the test.
+GOOD: dict[tuple[Key, str], list[str]] = {
+    (("fleet-rlm",), "--version"): ["--version"],
+    (("fleet-rlm", "run"), ""): ["run", "hello"],
+    (("fleet-rlm", "run"), "--context"): ["run", "hello", "--context", "{file}"],
+    (("fleet-rlm", "run"), "--text"): ["run", "hello", "--text", "x"],
+    (("fleet-rlm", "run"), "--include-hidden"): ["run", "hello", "--context", "{dir}", "--include-hidden"],
+    (("fleet-rlm", "run"), "--session"): ["run", "hello", "--session", "walk"],
+    (("fleet-rlm", "run"), "--volume"): ["run", "hello", "--volume", "notes"],
+    (("fleet-rlm", "run"), "--max-iters"): ["run", "hello", "--max-iters", "3"],
+    (("fleet-rlm", "run"), "--max-depth"): ["run", "hello", "--max-depth", "0"],
+    (("fleet-rlm", "run"), "--max-llm-calls"): ["run", "hello", "--max-llm-calls", "5"],
+    (("fleet-rlm", "run"), "--max-seconds"): ["run", "hello", "--max-seconds", "60"],
+    (("fleet-rlm", "run"), "--max-cost"): ["run", "hello", "--max-cost", "1.5"],
+    (("fleet-rlm", "run"), "--sandbox"): ["run", "hello", "--sandbox", "local"],
+    (("fleet-rlm", "run"), "--json"): ["run", "hello", "--json"],
+    (("fleet-rlm", "run"), "--trace-mode"): ["run", "hello", "--trace-mode", "verbose"],
+    (("fleet-rlm", "runs"), "--limit"): ["runs", "--limit", "1"],
+    (("fleet-rlm", "runs"), "--status"): ["runs", "--status", "succeeded"],
+    (("fleet-rlm", "runs"), "--json"): ["runs", "--json"],
+    (("fleet-rlm", "trace"), "--json"): ["trace", "{run}", "--json"],
+    (("fleet-rlm", "trace"), "--full"): ["trace", "{run}", "--full"],
+    (("fleet-rlm", "export"), ""): ["export", "{run}"],
+    (("fleet-rlm", "volumes", "ls"), ""): ["volumes", "ls", "notes"],
+    (("fleet-rlm", "volumes", "ls"), "--json"): ["volumes", "ls", "--json"],
+    (("fleet-rlm", "volumes", "cat"), ""): ["volumes", "cat", "notes/memory/a.md"],
+    (("fleet-rlm", "volumes", "put"), ""): ["volumes", "put", "{file}", "notes/memory/b.md"],
+    (("fleet-rlm", "volumes", "rm"), ""): ["volumes", "rm", "notes/memory/c.md"],
+    (("fleet-rlm", "volumes", "rm"), "--all"): ["volumes", "rm", "scratch", "--all"],
+    (("fleet-rlm", "doctor"), "--json"): ["doctor", "--json"],
+    (("fleet-rlm", "doctor"), "--offline"): ["doctor", "--offline"],
+    (("fleet-rlm", "doctor"), "--strict"): ["doctor", "--offline", "--strict"],  # exit 0 or 2: caps of this host
+    (("fleet-rlm", "config", "list"), ""): ["config", "list"],
+    (("fleet-rlm", "config", "get"), ""): ["config", "get", "max_iters"],
+    (("fleet-rlm", "config", "set"), ""): ["config", "set", "max_depth", "1"],
+    (("fleet-rlm", "config", "unset"), ""): ["config", "unset", "max_depth"],
+    (("fleet-rlm", "serve-mcp"), "--transport"): ["serve-mcp", "--transport", "stdio"],
+    (("fleet-rlm", "serve-mcp"), "--host"): [
+        "serve-mcp",
+        "--transport",
+        "http",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ],
+    (("fleet-rlm", "serve-mcp"), "--port"): ["serve-mcp", "--transport", "http", "--port", "{port}"],
+    (("fleet-rlm", "serve-mcp"), "--allow-remote"): [
+        "serve-mcp",
+        "--transport",
+        "http",
+        "--allow-remote",
+        "--port",
+        "{port}",
+    ],
+    (("fleet-rlm", "serve-mcp"), "--no-auth"): ["serve-mcp", "--transport", "http", "--no-auth", "--port", "{port}"],
+}
+GOOD |= {
+    (("fleet-rlm", "web"), "--host"): ["web", "--host", "127.0.0.1", "--port", "{port}", "--no-open"],
+    (("fleet-rlm", "web"), "--port"): ["web", "--port", "{port}", "--no-open"],
+    (("fleet-rlm", "web"), "--no-open"): ["web", "--no-open", "--port", "{port}"],
+    (("fleet-rlm", "web"), "--allow-remote"): ["web", "--allow-remote", "--no-open", "--port", "{port}"],
+}
+# Chat flags: the same invocation through `fleet` and `fleet-rlm chat`, stdin says /quit.
+CHAT = {
+    "--context": ["--context", "{file}"],
+    "--trace-mode": ["--trace-mode", "off"],
+    "--max-iters": ["--max-iters", "2"],
+    "--max-depth": ["--max-depth", "1"],
+    "--max-llm-calls": ["--max-llm-calls", "9"],
+    "--max-seconds": ["--max-seconds", "30"],
+    "--max-cost": ["--max-cost", "0.5"],
+    "--sandbox": ["--sandbox", "local"],
+}
+for _flag, _args in CHAT.items():
+    GOOD[(("fleet-rlm", "chat"), _flag)] = ["chat", *_args]
+    GOOD[(("fleet",), _flag)] = ["@fleet", *_args]
+
+# Bad input: exit 2 and a first stderr line starting with "error:", and no run recorded.
+BAD: list[list[str]] = [
+    ["bogus-command"],
+    ["run"],
+    ["run", "hello", "--max-iters", "-3"],
+    ["run", "hello", "--max-iters", "0"],
+    ["run", "hello", "--max-depth", "-1"],
+    ["run", "hello", "--max-llm-calls", "many"],
+    ["run", "hello", "--max-seconds", "-5"],
+    ["run", "hello", "--max-seconds", "nan"],
+    ["run", "hello", "--max-cost", "-1"],
+    ["run", "hello", "--context", "{missing}"],
+    ["run", "  "],
+    ["run", "hello", "--session", "bad id!"],
+    ["run", "hello", "--sandbox", "cloud"],
+    ["run", "hello", "--trace-mode", "loud"],
+    ["runs", "--limit", "0"],
+    ["runs", "--status", "bogus"],
+    ["trace", "r-no-such-run"],
+    ["export", "r-no-such-run"],
+    ["volumes"],
+    ["volumes", "ls", "vol:nope"],
+    ["volumes", "cat", "notes"],
+    ["volumes", "cat", "notes/memory/missing.md"],
+    ["volumes", "cat", "notes/../../etc/passwd"],
+    ["volumes", "put", "{missing}", "notes/memory/x.md"],
+    ["volumes", "put", "{dir}", "notes/memory/x.md"],
+    ["volumes", "rm", "notes"],
+    ["volumes", "rm", "notes/memory/a.md", "--all"],
+    ["doctor", "--bogus"],
+    ["config"],
+    ["config", "get", "bogus"],
+    ["config", "set", "max_iters", "abc"],
+    ["config", "set", "max_iters"],
+    ["config", "set", "lm_api_key"],  # no keyring in tests: said before any prompt
+    ["config", "unset", "bogus"],
+    ["web", "--port", "-1"],
+    ["serve-mcp", "--port", "abc"],
+    ["serve-mcp", "--transport", "pigeon"],
+    ["chat", "--context", "{missing}"],
+    ["chat", "--max-iters", "0"],
+    ["@fleet", "--context", "{missing}"],
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fill(argv: list[str], values: dict[str, str]) -> tuple[str, list[str]]:
+    prog = "fleet-rlm"
+    if argv and argv[0] == "@fleet":
+        prog, argv = "fleet", argv[1:]
+    values = {**values, "port": str(_free_port())}
+    return prog, [a.format(**values) if "{" in a else a for a in argv]
+
+
+def _serve_briefly(prog: str, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Start a server, wait until its port answers, then Ctrl-C it; 0 if it listened."""
+    port = int(argv[argv.index("--port") + 1])
+    proc = subprocess.Popen(
+        [str(BIN / prog), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    deadline = time.monotonic() + 60
+    listening = False
+    while time.monotonic() < deadline and proc.poll() is None and not listening:
+        with socket.socket() as s:
+            listening = s.connect_ex(("127.0.0.1", port)) == 0
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    return (0 if listening else -1), err
+
+
+def _invoke(argv: list[str], env: dict[str, str], values: dict[str, str]) -> tuple[list[str], int, str]:
+    prog, filled = _fill(argv, values)
+    if "{port}" in argv:  # a server (`web`, `serve-mcp --transport http`) on a free port
+        code, err = _serve_briefly(prog, filled, env)
+        return argv, code, err
+    stdin = "/quit\n" if prog == "fleet" or filled[:1] == ["chat"] else ""
+    proc = run(*filled, env=env, prog=prog, stdin=stdin)
+    return argv, proc.returncode, proc.stderr
+
+
+def _run_ids(env: dict[str, str]) -> list[str]:
+    return [r["run_id"] for r in json.loads(run("runs", "--json", "--limit", "1000", env=env).stdout)]
+
+
+@pytest.mark.slow
+def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+    oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
+    docs = documented()
+    walked = {(key, flag) for key, flag in GOOD}
+    wanted = {(key, flag) for key, flags in docs.items() for flag in flags} | {
+        (key, "") for key, flags in docs.items() if not flags and len(key) > 1
+    }
+    assert wanted - walked == set(), "documented but not walked: add a case to GOOD"
+    assert walked - wanted - {(k, "") for k, _ in GOOD} == set(), "walked but not documented"
+
+    folder = tmp_path / "docs folder"
+    folder.mkdir()
+    (folder / ".hidden.txt").write_text("hidden")
+    note = folder / "note.md"
+    note.write_text("remember the milk")
+    for target in ("notes/memory/a.md", "notes/memory/c.md", "scratch/memory/a.md"):
+        assert run("volumes", "put", str(note), target, env=fleet_env).returncode == 0
+    first = json.loads(run("run", "hello", "--text", "x", "--json", env=fleet_env).stdout)
+    values = {"file": str(note), "dir": str(folder), "run": first["run_id"], "missing": str(tmp_path / "nope.txt")}
+
+    with ThreadPoolExecutor(4) as pool:
+        good = list(pool.map(lambda argv: _invoke(argv, fleet_env, values), GOOD.values()))
+    failures = [
+        f"{' '.join(argv)} -> {code}: {err.strip()[-300:]}"
+        for argv, code, err in good
+        if code != 0 and not (argv[:1] == ["doctor"] and "--strict" in argv and code == 2)
+    ]
+    assert not failures, "\n".join(failures)
+    # They did what they say: every run is recorded, put wrote, rm --all removed the volume.
+    before = _run_ids(fleet_env)
+    assert len(before) == 1 + sum(argv[0] == "run" for argv in GOOD.values())
+    assert run("volumes", "cat", "notes/memory/b.md", env=fleet_env).stdout == "remember the milk"
+    volumes = [v["name"] for v in json.loads(run("volumes", "ls", "--json", env=fleet_env).stdout)]
+    assert "scratch" not in volumes and "notes" in volumes
+
+    with ThreadPoolExecutor(4) as pool:
+        bad = list(pool.map(lambda argv: _invoke(argv, fleet_env, values), BAD))
+    failures = [
+        f"{' '.join(argv)} -> {code}: {err.strip()[:300]!r}"
+        for argv, code, err in bad
+        if code != 2 or not err.startswith("error: ") or "Traceback" in err
+    ]
+    assert not failures, "\n".join(failures)
+    assert _run_ids(fleet_env) == before, "a refused request was recorded as a run"
+
+
+@pytest.mark.parametrize("bad", [["--volume", "../x"], ["--context", "vol:nope/x"], ["--context", "{empty}"]])
+def test_bad_context_is_refused_before_a_run(fleet_env: dict, bad: list[str], tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    proc = run("run", "hello", *[a.format(empty=tmp_path / "empty") for a in bad], env=fleet_env)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert _run_ids(fleet_env) == []

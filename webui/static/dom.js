@@ -1,0 +1,136 @@
+// DOM helpers: every page builds nodes with these. Text always goes in through textContent
+// (text nodes), never innerHTML, because most of what the UI shows was written by a model or a user.
+
+/**
+ * Create an element. `attrs`: attributes, plus `on<event>` handlers, `class`, `dataset` and
+ * boolean properties (`hidden`, `disabled`, `checked`, `open`). Children: nodes, strings
+ * (as text nodes), arrays, or null/false (skipped).
+ */
+export function h(tag, attrs = {}, ...children) {
+  const el = tag.startsWith("svg:")
+    ? document.createElementNS("http://www.w3.org/2000/svg", tag.slice(4))
+    : document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      el.addEventListener(key.slice(2), value);
+    } else if (key === "dataset") {
+      Object.assign(el.dataset, value);
+    } else if (["hidden", "disabled", "checked", "open", "value", "selected", "required", "multiple"].includes(key)) {
+      el[key] = value;
+    } else {
+      el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(el, children);
+  return el;
+}
+
+/** Append children (nodes, strings, arrays; null and false are skipped). */
+export function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+/** Replace all children of `el`. */
+export function replace(el, ...children) {
+  el.replaceChildren();
+  return append(el, children);
+}
+
+let uid = 0;
+/** A unique id for label/aria wiring. */
+export function newId(prefix = "f") {
+  uid += 1;
+  return `${prefix}-${uid}`;
+}
+
+/** A labelled form field: returns {row, input}. `input` is created by the caller or from `type`. */
+export function field(label, input, hint) {
+  if (!input.id) input.id = newId("in");
+  const hintId = hint ? newId("hint") : null;
+  if (hintId) input.setAttribute("aria-describedby", hintId);
+  const row = h("div", { class: "field" }, h("label", { for: input.id }, label), input,
+    hint ? h("small", { id: hintId, class: "muted" }, hint) : null);
+  return { row, input };
+}
+
+/** Show a short message in the shared live region. */
+export function toast(message, kind = "info") {
+  const el = document.getElementById("toast");
+  el.textContent = message;
+  el.dataset.kind = kind;
+  el.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { el.hidden = true; }, 4000);
+}
+
+/** An error box for a failed call: the API's message says what to do. */
+export function errorBox(err) {
+  return h("p", { class: "error", role: "alert" }, err && err.message ? err.message : String(err));
+}
+
+/** Copy text; resolves true on success. Clipboard access can be refused, which is not an error. */
+export async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+// -- formatting ---------------------------------------------------------------------------------
+
+export function fmtBytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let v = Number(n);
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+  return `${i === 0 ? v : v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+}
+
+export function fmtSeconds(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  const m = Math.floor(s / 60);
+  return `${m} min ${Math.round(s - m * 60)} s`;
+}
+
+export function fmtTime(epochSeconds) {
+  if (!epochSeconds) return "–";
+  return new Date(epochSeconds * 1000).toLocaleString();
+}
+
+export function fmtInt(n) {
+  return Number(n || 0).toLocaleString();
+}
+
+export function fmtCost(c) {
+  if (!c) return "$0";
+  return c < 0.01 ? `$${c.toFixed(4)}` : `$${c.toFixed(2)}`;
+}
+
+/** A status badge: text plus a class for colour (never colour alone). */
+export function badge(status) {
+  return h("span", { class: `badge st-${status || "unknown"}` }, status || "unknown");
+}
+
+/** Ask before deleting; resolves true when confirmed. A real <dialog>: focus is trapped and Esc cancels. */
+export function confirmDialog(message, action = "Delete") {
+  return new Promise((resolve) => {
+    const dialog = h("dialog", { class: "confirm", "aria-labelledby": "confirm-text" },
+      h("p", { id: "confirm-text" }, message),
+      h("form", { method: "dialog", class: "actions" },
+        h("button", { value: "cancel", class: "secondary", autofocus: true }, "Cancel"),
+        h("button", { value: "ok", class: "danger" }, action)));
+    dialog.addEventListener("close", () => { resolve(dialog.returnValue === "ok"); dialog.remove(); });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}

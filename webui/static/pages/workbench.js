@@ -1,0 +1,233 @@
+// Workbench: ask a question over files, pasted text and volume files; watch the trace stream in;
+// read and copy the answer; ask follow-ups in the same session (the same REPL, its variables kept).
+
+import { api, followRun, upload } from "../api.js";
+import { badge, errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
+import { TraceModel, TraceTree, answerBlock } from "../trace.js";
+
+// Survives leaving the page: the session and its turns are shown again (replayed) on return.
+const state = { sessionId: null, turns: [] };
+
+const LIMITS = [
+  ["max_iters", "Steps per RLM", "1"],
+  ["max_depth", "Child RLM depth", "0"],
+  ["max_llm_calls", "Model calls", "1"],
+  ["max_seconds", "Seconds", "1"],
+  ["max_cost", "Cost (USD)", "0.01"],
+];
+
+/** Files dropped or picked: uploaded at once, so Run only waits for the last one. */
+function attachments() {
+  const items = [];
+  const list = h("ul", { class: "chips", "aria-label": "Attached files" });
+  const render = () => {
+    replace(list, items.map((it) => h("li", { class: `chip ${it.status}` },
+      h("span", {}, `${it.file.name} (${fmtBytes(it.file.size)})`),
+      h("span", { class: "muted small" }, it.status === "failed" ? ` failed: ${it.error}` : ` ${it.status}`),
+      h("button", { type: "button", class: "icon", "aria-label": `Remove ${it.file.name}`,
+        onclick: () => { items.splice(items.indexOf(it), 1); render(); } }, "×"))));
+  };
+  const add = (files) => {
+    for (const file of files) {
+      const it = { file, status: "uploading", id: null, error: null };
+      it.done = upload([file]).then(
+        ([u]) => { it.id = u.upload_id; it.status = "ready"; },
+        (err) => { it.status = "failed"; it.error = err.message; },
+      ).finally(render);
+      items.push(it);
+    }
+    render();
+  };
+  return { list, add, items, clear: () => { items.length = 0; render(); } };
+}
+
+/** Pick files of a volume: a folder-by-folder listing with Add buttons. */
+function volumePicker(onAdd) {
+  const select = h("select", {});
+  const listing = h("div", { class: "vol-listing" });
+  let path = "";
+  const show = async () => {
+    const vol = select.value;
+    if (!vol) { replace(listing, h("p", { class: "muted" }, "No volumes yet: create one on the Volumes page.")); return; }
+    try {
+      const res = await api(`/api/volumes/${encodeURIComponent(vol)}/files?path=${encodeURIComponent(path)}`);
+      const up = path ? h("li", {}, h("button", { type: "button", class: "link", onclick: () => {
+        path = path.split("/").slice(0, -1).join("/"); show(); } }, "↑ up")) : null;
+      replace(listing, h("p", { class: "muted small" }, `${vol}/${path}`), h("ul", { class: "plain" }, up,
+        res.entries.map((e) => {
+          const name = e.path.split("/").pop();
+          return e.type === "dir"
+            ? h("li", {}, h("button", { type: "button", class: "link", onclick: () => { path = e.path; show(); } }, `${name}/`))
+            : h("li", {}, `${name} (${fmtBytes(e.size)}) `, h("button", { type: "button", class: "small",
+              "aria-label": `Add ${e.path} as context`, onclick: () => onAdd(`vol:${vol}/${e.path}`) }, "Add"));
+        })));
+    } catch (err) {
+      replace(listing, errorBox(err));
+    }
+  };
+  select.addEventListener("change", () => { path = ""; show(); });
+  const el = h("details", { class: "vol-picker" }, h("summary", {}, "Add files from a volume"),
+    field("Volume", select).row, listing);
+  el.addEventListener("toggle", async () => {
+    if (!el.open || select.options.length) return;
+    try {
+      const res = await api("/api/volumes");
+      replace(select, res.volumes.map((v) => h("option", { value: v.name }, v.name)));
+    } catch (err) {
+      replace(listing, errorBox(err));
+      return;
+    }
+    show();
+  });
+  return el;
+}
+
+/** One question and its run: live trace, status, stop, answer. */
+function turnView(turn) {
+  const status = h("span", {}, badge("queued"));
+  const stop = h("button", { type: "button", class: "danger small", onclick: async () => {
+    stop.disabled = true;
+    try {
+      const res = await api(`/api/runs/${encodeURIComponent(turn.runId)}/cancel`, { method: "POST" });
+      toast(res.message || "Stopping the run…");
+    } catch (err) {
+      stop.disabled = false;
+      toast(err.message, "error");
+    }
+  } }, "Stop");
+  const traceBox = h("div", { class: "trace-box" });
+  const answer = h("div", { class: "answer-slot" });
+  const connection = h("span", { class: "muted small" });
+  const el = h("article", { class: "turn card", dataset: { run: turn.runId }, "aria-label": `Run ${turn.runId}` },
+    h("header", { class: "turn-head" },
+      h("h2", { class: "question" }, turn.question),
+      h("div", { class: "turn-meta" }, status, stop, connection,
+        h("a", { href: `#/runs/${encodeURIComponent(turn.runId)}` }, "Open in Runs"))),
+    answer, traceBox);
+  const tree = new TraceTree(traceBox, new TraceModel());
+  const finish = (run) => {
+    replace(status, badge(run.status));
+    stop.hidden = true;
+    connection.textContent = "";
+    replace(answer, answerBlock(run));
+  };
+  const follower = followRun(turn.runId, {
+    onEvent: (ev) => {
+      tree.feed(ev);
+      if (ev.kind === "run.started") replace(status, badge("running"));
+    },
+    onEnd: (ev, runState) => finish(ev ? { ...ev.data } : runState),
+    onState: (s) => { connection.textContent = s === "live" ? "" : s; },
+  });
+  return { el, close: () => follower.close() };
+}
+
+export function renderWorkbench(main) {
+  const views = [];
+  const question = h("textarea", { rows: "3", required: true, placeholder: "What do you want to know about the inputs?" });
+  const pasted = h("textarea", { rows: "3", placeholder: "Optional: paste text to use as context" });
+  const volPaths = [];
+  const volChips = h("ul", { class: "chips", "aria-label": "Volume files added" });
+  const renderVolChips = () => replace(volChips, volPaths.map((p) => h("li", { class: "chip" }, h("span", {}, p),
+    h("button", { type: "button", class: "icon", "aria-label": `Remove ${p}`,
+      onclick: () => { volPaths.splice(volPaths.indexOf(p), 1); renderVolChips(); } }, "×"))));
+  const files = attachments();
+  const picker = h("input", { type: "file", multiple: true });
+  picker.addEventListener("change", () => { files.add([...picker.files]); picker.value = ""; });
+  const drop = h("div", { class: "dropzone" },
+    h("p", {}, "Drop files here, or choose them:"), field("Files", picker).row, files.list);
+  drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+  drop.addEventListener("drop", (e) => {
+    e.preventDefault();
+    drop.classList.remove("over");
+    if (e.dataTransfer && e.dataTransfer.files.length) files.add([...e.dataTransfer.files]);
+  });
+  const limitInputs = Object.fromEntries(LIMITS.map(([name, , step]) =>
+    [name, h("input", { type: "number", min: "0", step, inputmode: "decimal", placeholder: "default", name })]));
+  const run = h("button", { type: "submit", id: "run-button" }, "Run");
+  const formStatus = h("div", { class: "form-status", "aria-live": "polite" });
+  const sessionLine = h("p", { class: "muted small session-line" });
+  const newSession = h("button", { type: "button", class: "ghost small", onclick: async () => {
+    const old = state.sessionId;
+    state.sessionId = null;
+    state.turns = [];
+    for (const v of views.splice(0)) v.close();
+    replace(turns);
+    showSession();
+    if (old) await api(`/api/sessions/${encodeURIComponent(old)}`, { method: "DELETE" }).catch(() => {});
+  } }, "New session");
+  const qLabel = h("span", {}, "Question");
+  const showSession = () => {
+    const follow = state.turns.length > 0;
+    qLabel.textContent = follow ? "Follow-up question (same session: the REPL keeps its variables)" : "Question";
+    run.textContent = follow ? "Ask follow-up" : "Run";
+    sessionLine.textContent = state.sessionId ? `Session ${state.sessionId} · ${state.turns.length} run(s)` : "";
+    newSession.hidden = !state.sessionId;
+  };
+  const qField = field(qLabel, question, "Ctrl+Enter runs.");
+  question.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
+  });
+  const form = h("form", { class: "card ask", "aria-labelledby": "wb-title" },
+    qField.row,
+    h("fieldset", {}, h("legend", {}, "Context"), drop, field("Pasted text", pasted).row,
+      volumePicker((p) => { if (!volPaths.includes(p)) volPaths.push(p); renderVolChips(); }), volChips),
+    h("details", { class: "limits" }, h("summary", {}, "Limits"),
+      h("div", { class: "grid-limits" }, LIMITS.map(([name, label]) => field(label, limitInputs[name]).row)),
+      h("p", { class: "muted small" }, "Empty: the defaults from Settings.")),
+    h("div", { class: "actions" }, run, newSession, sessionLine),
+    formStatus);
+  const turns = h("div", { class: "turns" });
+
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    replace(formStatus);
+    const text = question.value.trim();
+    if (!text) { replace(formStatus, errorBox(new Error("Write a question first."))); question.focus(); return; }
+    run.disabled = true;
+    try {
+      if (files.items.some((it) => it.status === "uploading")) {
+        formStatus.textContent = "Waiting for uploads to finish…";
+        await Promise.all(files.items.map((it) => it.done));
+      }
+      const failed = files.items.filter((it) => it.status === "failed");
+      if (failed.length) throw new Error(`Upload failed for ${failed.map((f) => f.file.name).join(", ")}: remove it or try again.`);
+      if (!state.sessionId) {
+        state.sessionId = (await api("/api/sessions", { method: "POST", json: { name: text.slice(0, 60) } })).id;
+      }
+      const body = { question: text, session_id: state.sessionId, upload_ids: files.items.map((it) => it.id),
+        context_paths: [...volPaths], context_text: pasted.value.trim() ? [pasted.value] : [] };
+      for (const [name, input] of Object.entries(limitInputs)) {
+        if (input.value !== "") body[name] = Number(input.value);
+      }
+      const res = await api("/api/runs", { method: "POST", json: body });
+      const turn = { runId: res.run_id, question: text };
+      state.turns.push(turn);
+      const view = turnView(turn);
+      views.push(view);
+      turns.prepend(view.el);
+      view.el.scrollIntoView({ block: "nearest" });
+      question.value = "";
+      pasted.value = "";
+      files.clear();
+      volPaths.length = 0;
+      renderVolChips();
+      formStatus.textContent = "";
+      showSession();
+    } catch (err) {
+      replace(formStatus, errorBox(err));
+    } finally {
+      run.disabled = false;
+    }
+  });
+
+  replace(main, h("h1", { id: "wb-title" }, "Workbench"), h("div", { class: "workbench" }, form, turns));
+  for (const turn of state.turns) {
+    const view = turnView(turn);
+    views.push(view);
+    turns.prepend(view.el);
+  }
+  showSession();
+  return () => { for (const v of views) v.close(); };
+}
