@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated FLEET_HOME and the scripted LM server."""
+"""Shared fixtures: an isolated FLEET_HOME, the scripted LM server and its needle-in-a-file scenario."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["FLEET_NO_KEYRING"] = "1"  # tests never touch the developer's keyring
 
-from tests.support.oracle_lm import OracleLM
+from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.workloads import NEEDLE_STEPS
 
 
 @pytest.fixture
@@ -23,6 +24,13 @@ def anyio_backend() -> str:
 def oracle() -> Iterator[OracleLM]:
     with OracleLM() as lm:
         yield lm
+
+
+@pytest.fixture
+def needle(oracle: OracleLM) -> OracleLM:
+    """The oracle finding the secret code in a file, for questions that mention "secret code"."""
+    oracle.add(Scenario("secret code", NEEDLE_STEPS))
+    return oracle
 
 
 @pytest.fixture

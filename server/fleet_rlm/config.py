@@ -29,7 +29,7 @@ from fleet_rlm.core.errors import UserError
 from fleet_rlm.redaction import remember_secrets
 
 KEYRING_SERVICE = "fleet-rlm"
-SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key", "mcp_token")
+SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key", "mcp_token", "agent_lm_api_key")
 
 
 def default_home() -> Path:
@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     lm_retries: int = Field(3, ge=0, le=10, description="Retries on 429/5xx/timeouts, with backoff.")
     lm_timeout: float = Field(120.0, gt=0, description="Seconds before one model call times out.")
 
-    sandbox: str = Field("local", description="Where code runs: a sandbox backend (local; daytona later).")
+    sandbox: str = Field("local", description="Where code runs: a sandbox backend (local or daytona).")
     isolation: Literal["auto", "bwrap", "none"] = Field("auto", description="Local sandbox isolation.")
     exec_timeout: float = Field(300.0, gt=0, description="Seconds one code step may run.")
     memory_mb: int = Field(2048, ge=64, description="Memory cap of the whole sandbox (all its processes), MB.")
@@ -109,8 +109,41 @@ class Settings(BaseSettings):
     daytona_target: str | None = Field(
         None, validation_alias=AliasChoices("daytona_target", "DAYTONA_TARGET", "FLEET_DAYTONA_TARGET")
     )
+    daytona_snapshot: str | None = Field(
+        None, description="Daytona snapshot to run; unset: fleet-rlm's own, registered by `fleet-rlm daytona setup`."
+    )
+    daytona_network: Literal["block", "allow"] = Field(
+        "block", description="Daytona sandbox network egress: block (default, like the local sandbox) or allow."
+    )
+    daytona_children: Literal["shared", "own"] = Field(
+        "shared", description="Child RLMs on Daytona: a context in the parent's sandbox (shared) or their own sandbox."
+    )
+    daytona_max_sandboxes: int = Field(8, ge=1, le=256, description="Daytona sandboxes this process holds at once.")
+    daytona_auto_stop_minutes: int = Field(
+        15, ge=1, description="Idle minutes before Daytona stops a sandbox whose process went away."
+    )
+    daytona_cost_per_hour: float = Field(
+        0.067, ge=0, description="USD per hour of one Daytona sandbox, recorded per run (default: 1 vCPU + 1 GiB)."
+    )
+    daytona_volume_prefix: str = Field("fleet-", description="Prefix of the Daytona volume behind each fleet volume.")
     mcp_token: SecretStr | None = Field(
         None, description="Bearer token of `fleet-mcp --transport http`; unset: a random one per launch."
+    )
+
+    # The workspace agent (``fleet_rlm.agent``): its model defaults to the root model.
+    agent_lm_model: str | None = Field(None, description="The workspace agent's model (LiteLLM); unset: lm_model.")
+    agent_lm_api_base: str | None = Field(None, description="Base URL for the agent's model; unset: lm_api_base.")
+    agent_lm_api_key: SecretStr | None = Field(None, description="API key for the agent's model; unset: lm_api_key.")
+    agent_volume: str = Field("workspace", description="The volume the agent reads and keeps memory in by default.")
+    agent_approval_ttl_seconds: float = Field(
+        86400.0, gt=0, description="Seconds a pending agent approval waits before it expires."
+    )
+    agent_run_cost_threshold: float = Field(
+        1.0, ge=0, description="RLM runs the agent starts with a cost cap (USD) above this, or none, need approval."
+    )
+    agent_fetch_max_mb: int = Field(20, ge=1, description="Largest web page or repository the agent pulls in, MB.")
+    agent_allowed_hosts: str | None = Field(
+        None, description="Hosts or networks (comma-separated) the agent may fetch from although private or loopback."
     )
 
     def model_post_init(self, _context: Any) -> None:
@@ -258,7 +291,7 @@ class ConfigError(UserError):
 
 
 def env_name(field: str) -> str:
-    if field.startswith("daytona_"):
+    if field in ("daytona_api_key", "daytona_api_url", "daytona_target"):  # the Daytona SDK's own variables
         return field.upper()
     return f"FLEET_{field.upper()}"
 

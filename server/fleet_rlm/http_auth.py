@@ -200,7 +200,8 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
+async def send_json(send: Send, status: int, payload: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
+    """Answer from an ASGI wrapper with a JSON body (and ``headers`` after the content ones)."""
     body = json.dumps(payload).encode()
     head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
     await send({"type": "http.response.start", "status": status, "headers": head})
@@ -227,7 +228,7 @@ class Guard:
             return
         path, method = scope["path"], scope["method"]
         if path == HEALTH_PATH and method in ("GET", "HEAD"):
-            await _send_json(send, 200, {"status": "ok"}, [])  # nothing about the machine or the runs
+            await send_json(send, 200, {"status": "ok"}, [])  # nothing about the machine or the runs
             return
         if self._cookies and path == AUTH_PATH:
             await self._exchange(scope, receive, send)
@@ -251,7 +252,7 @@ class Guard:
             f"with the token the server printed at launch, or the configured {TOKEN_ENV}"
         )
         challenge = [(b"www-authenticate", b'Bearer realm="fleet-rlm"')]
-        await _send_json(send, 401, {"error": "unauthorized", "message": message}, challenge)
+        await send_json(send, 401, {"error": "unauthorized", "message": message}, challenge)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST {"token"}``: 204 with the session cookie; ``DELETE``: 204 clearing it."""
@@ -259,7 +260,7 @@ class Guard:
             await _send_empty(send, 204, [(b"set-cookie", session_cookie(None))])
             return
         if scope["method"] != "POST":
-            await _send_json(send, 405, {"error": "method_not_allowed", "message": "use POST or DELETE"}, [])
+            await send_json(send, 405, {"error": "method_not_allowed", "message": "use POST or DELETE"}, [])
             return
         body = await _read_small(receive, _MAX_AUTH_BODY)
         try:
@@ -268,7 +269,7 @@ class Guard:
             given = None
         if not isinstance(given, str):
             message = 'send {"token": "<the token fleet web printed>"} as JSON'
-            await _send_json(send, 400, {"error": "bad_request", "message": message}, [])
+            await send_json(send, 400, {"error": "bad_request", "message": message}, [])
             return
         if self._token is None:  # no authentication on this server: nothing to trade
             await _send_empty(send, 204, [])
@@ -311,6 +312,6 @@ class SessionLimit:
                     "message": f"too many open MCP sessions (the limit is {self._limit}): close clients you no "
                     f"longer use, wait for idle ones to expire, or raise {MAX_SESSIONS_ENV}",
                 }
-                await _send_json(send, 503, {"jsonrpc": "2.0", "id": None, "error": error}, [])
+                await send_json(send, 503, {"jsonrpc": "2.0", "id": None, "error": error}, [])
 
         await self.app(scope, receive, explain)

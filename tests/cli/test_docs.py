@@ -157,6 +157,9 @@ GOOD |= {
     (("fleet-rlm", "web"), "--port"): ["web", "--port", "{port}", "--no-open"],
     (("fleet-rlm", "web"), "--no-open"): ["web", "--no-open", "--port", "{port}"],
     (("fleet-rlm", "web"), "--allow-remote"): ["web", "--allow-remote", "--no-open", "--port", "{port}"],
+    # The window (Qt offscreen when there is no display); needs the desktop extra, which CI installs.
+    (("fleet-rlm", "desktop"), "--self-test"): ["desktop", "--self-test"],
+    (("fleet-rlm", "desktop"), "--screenshot"): ["desktop", "--self-test", "--screenshot", "{dir}/shot.png"],
 }
 # Chat flags: the same invocation through `fleet` and `fleet-rlm chat`, stdin says /quit.
 CHAT = {
@@ -168,6 +171,7 @@ CHAT = {
     "--max-seconds": ["--max-seconds", "30"],
     "--max-cost": ["--max-cost", "0.5"],
     "--sandbox": ["--sandbox", "local"],
+    "--agent": ["--agent"],
 }
 for _flag, _args in CHAT.items():
     GOOD[(("fleet-rlm", "chat"), _flag)] = ["chat", *_args]
@@ -210,8 +214,11 @@ BAD: list[list[str]] = [
     ["config", "set", "lm_api_key"],  # no keyring in tests: said before any prompt
     ["config", "unset", "bogus"],
     ["web", "--port", "-1"],
+    ["desktop", "--screenshot", "shot.png"],  # without --self-test
     ["serve-mcp", "--port", "abc"],
     ["serve-mcp", "--transport", "pigeon"],
+    ["daytona"],
+    ["daytona", "smoke"],  # no DAYTONA_API_KEY: said before anything is created
     ["chat", "--context", "{missing}"],
     ["chat", "--max-iters", "0"],
     ["@fleet", "--context", "{missing}"],
@@ -272,12 +279,17 @@ def _run_ids(env: dict[str, str]) -> list[str]:
 def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
     docs = documented()
-    walked = {(key, flag) for key, flag in GOOD}
+    from tests.optimize.test_cli import OPTIMIZE_WALK  # walked there, in order (later steps use earlier results)
+    from tests.sandbox.test_daytona_cli import DAYTONA_WALK  # walked there, against the Daytona API double
+
+    walked = {(key, flag) for key, flag in GOOD} | set(DAYTONA_WALK) | set(OPTIMIZE_WALK)
     wanted = {(key, flag) for key, flags in docs.items() for flag in flags} | {
         (key, "") for key, flags in docs.items() if not flags and len(key) > 1
     }
     assert wanted - walked == set(), "documented but not walked: add a case to GOOD"
-    assert walked - wanted - {(k, "") for k, _ in GOOD} == set(), "walked but not documented"
+    assert walked - wanted - {(k, "") for k, _ in [*GOOD, *DAYTONA_WALK, *OPTIMIZE_WALK]} == set(), (
+        "walked but not documented"
+    )
 
     folder = tmp_path / "docs folder"
     folder.mkdir()

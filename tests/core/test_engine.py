@@ -368,9 +368,13 @@ async def test_reasoning_models_work_with_defaults(
 
 
 @pytest.mark.real_sandbox
-async def test_unavailable_sandbox_is_refused_not_swapped(fleet_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLEET_SANDBOX", "daytona")
+@pytest.mark.parametrize(("kind", "fix"), [("cloud", "FLEET_SANDBOX=local"), ("daytona", "DAYTONA_API_KEY")])
+async def test_unavailable_sandbox_is_refused_not_swapped(
+    fleet_env: dict, monkeypatch: pytest.MonkeyPatch, kind: str, fix: str
+) -> None:
+    monkeypatch.setenv("FLEET_SANDBOX", kind)  # unknown, or Daytona without a key
+    monkeypatch.delenv("DAYTONA_API_KEY", raising=False)
     async with Engine(load_settings()) as engine:
-        with pytest.raises(ConfigError, match="FLEET_SANDBOX=local"):
+        with pytest.raises(ConfigError, match=fix):
             await engine.start_run(RunRequest("q", context_text=["x"]))
         assert engine.list_runs() == []

@@ -12,7 +12,6 @@ import pytest
 from fleet_rlm.mcp.server import build_server
 from mcp import Client
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.workloads import NEEDLE_STEPS
 
 ERAS = ["legacy", "auto"]  # 2025-11-25 handshake, 2026-07-28 discover
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +30,6 @@ async def client(fleet_env: dict[str, str], era: str) -> AsyncIterator[Client]:
     """An in-memory client of a fresh server that opens its own engine (the stdio setup)."""
     async with Client(build_server(), mode=era) as c:
         yield c
-
-
-@pytest.fixture
-def needle(oracle: OracleLM) -> OracleLM:
-    oracle.add(Scenario("secret code", NEEDLE_STEPS))
-    return oracle
 
 
 @pytest.fixture

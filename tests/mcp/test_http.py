@@ -5,22 +5,20 @@ bound are tested against the real `fleet-mcp` process in tests/security/test_htt
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
 import httpx2
 import pytest
-import uvicorn
 from mcp.client.streamable_http import streamable_http_client
 
 from fleet_rlm.http_auth import BindError, check_bind, is_loopback, resolve_token
 from fleet_rlm.mcp.http import build_http_app
 from fleet_rlm.mcp.server import build_server
 from mcp import Client
+from tests.mcp import EXPECTED_TOOLS
+from tests.support.asgi_server import serve_asgi
 
 INITIALIZE = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -34,23 +32,8 @@ def serving(token: str | None = None) -> Iterator[str]:
     """Serve a fresh server on a free loopback port in a thread; yields the /mcp URL.
 
     ``token=None`` serves without authentication (what `--no-auth` does)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = build_http_app(build_server(), host="127.0.0.1", port=port, token=token)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve_asgi(lambda port: build_http_app(build_server(), host="127.0.0.1", port=port, token=token)) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.mark.anyio
@@ -87,7 +70,7 @@ async def test_bearer_token_required_when_configured(fleet_env: dict[str, str], 
             assert token not in wrong.text
         authed = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
         async with authed, Client(streamable_http_client(url, http_client=authed), mode=era) as client:
-            assert len((await client.list_tools()).tools) == 11
+            assert [t.name for t in (await client.list_tools()).tools] == EXPECTED_TOOLS
 
 
 def test_bind_policy(monkeypatch: pytest.MonkeyPatch) -> None:

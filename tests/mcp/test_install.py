@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from mcp import Client, StdioServerParameters
+from tests.mcp import EXPECTED_TOOLS
 from tests.mcp.conftest import ROOT, server_env
 from tests.mcp.test_real_clients import tool
 from tests.support.oracle_lm import OracleLM, Scenario
@@ -35,7 +36,6 @@ FIRST_ERROR_STEPS = [
     "errors = sorted(l for l in context.splitlines() if ' ERROR ' in l)\nprint(len(errors), errors[:2])",
     "SUBMIT('The first failure: ' + errors[0])",
 ]
-TOOLS = 11
 
 
 def uv() -> str:
@@ -62,7 +62,7 @@ def expand(value: str, env: dict[str, str]) -> str:
 
 async def list_and_run(params: StdioServerParameters, hay: Path) -> None:
     async with Client(params, mode="legacy") as client:
-        assert len((await client.list_tools()).tools) == TOOLS
+        assert [t.name for t in (await client.list_tools()).tools] == EXPECTED_TOOLS
         result = await client.call_tool("run", {"question": "What is the secret code?", "context_paths": [str(hay)]})
         assert not result.is_error, result.content
         assert result.structured_content["answer"] == "KESTREL2"  # type: ignore[index]
@@ -70,7 +70,9 @@ async def list_and_run(params: StdioServerParameters, hay: Path) -> None:
 
 def test_readme_quick_start_runs(fleet_env: dict[str, str], oracle: OracleLM) -> None:
     commands = quick_start()
-    assert [c[:3] for c in commands] == [["uv", "run", "fleet-rlm"], ["uv", "run", "pytest"]], commands
+    # The sample run, the browser workspace (tests/web/test_serve.py runs it), the tests.
+    assert [c[:3] for c in commands] == [["uv", "run", "fleet-rlm"], ["uv", "run", "fleet"], ["uv", "run", "pytest"]]
+    assert commands[1] == ["uv", "run", "fleet", "web"], commands
     run = commands[0]
     assert run[3] == "run" and "--context" in run
     question = run[4]

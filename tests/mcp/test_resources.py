@@ -28,6 +28,8 @@ async def test_resource_listing(client: Client) -> None:
         "fleet://runs/{run_id}",
         "fleet://runs/{run_id}/trace",
         "fleet://volumes/{volume}/{+path}",
+        "fleet://optimizations/{opt_id}",
+        "fleet://programs/{version_id}",
     }
     assert all(t.description for t in templates.values())
 

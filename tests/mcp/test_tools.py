@@ -14,14 +14,12 @@ import pytest
 from fleet_rlm import __version__
 from fleet_rlm.mcp.server import INSTRUCTIONS
 from mcp import Client
+from tests.mcp import EXPECTED_TOOLS
 
 pytestmark = pytest.mark.anyio
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "tools.json"
-EXPECTED = [
-    "run", "start_run", "get_run", "cancel_run", "list_runs", "inspect_trace",
-    "list_volumes", "list_files", "read_file", "write_file", "doctor",
-]  # fmt: skip
+EXPECTED = EXPECTED_TOOLS
 
 
 def surface(tools: list[Any]) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +36,14 @@ async def make_sandbox(tmp_path: Path) -> AsyncIterator[Callable[..., LocalSandb
     yield make
     for sandbox in created:
         await sandbox.shutdown()
+
+
+@pytest.fixture(scope="session")
+def daytona_double(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The Daytona API double (tests/support/daytona_api.py) on its own loop, for the whole session."""
+    from tests.support.daytona_api import DoubleThread
+
+    if not BWRAP_OK:
+        pytest.skip(f"the Daytona double needs bubblewrap, unusable here: {BWRAP_WHY}")
+    with DoubleThread(tmp_path_factory.mktemp("daytona")) as double:
+        yield double

@@ -1,11 +1,15 @@
 """The sandbox contract: what every backend must do, run against each registered backend.
 
-A new backend (Daytona) adds its name to BACKENDS here and must pass unchanged.
+A new backend adds its name to BACKENDS here and must pass unchanged. "daytona" runs through the
+loopback Daytona API double with the real SDK; "live_daytona" runs the same tests against real
+Daytona when DAYTONA_API_KEY is set (marker ``live_daytona``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,16 +19,52 @@ import pytest
 
 from fleet_rlm.config import Settings
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, SandboxSpec, create_sandbox
+from fleet_rlm.volumes import volumes_for
 from tests.support import fake_sandbox
 
 pytestmark = pytest.mark.anyio
-BACKENDS = ["local", "fake"]
+LIVE = pytest.mark.skipif(
+    not os.environ.get("DAYTONA_API_KEY"),
+    reason="live Daytona: DAYTONA_API_KEY is not set, so these contract tests did not run against real Daytona",
+)
+BACKENDS = ["local", "fake", "daytona", pytest.param("live_daytona", marks=[pytest.mark.live_daytona, LIVE])]
+
+
+def _settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    home = tmp_path / "home"
+    if request.param == "daytona":  # the loopback double, driven by the real SDK
+        double = request.getfixturevalue("daytona_double")
+        return Settings(sandbox="daytona", home=home, daytona_api_url=double.api_url, daytona_api_key="test-key")
+    if request.param == "live_daytona":  # real Daytona: DAYTONA_API_KEY / DAYTONA_API_URL from the environment
+        return Settings(sandbox="daytona", home=home)
+    return Settings(sandbox=request.param, home=home)
+
+
+class Volume:
+    """A volume as the host sees it: a folder for the local backends, the Daytona volume API otherwise."""
+
+    def __init__(self, settings: Settings, tmp_path: Path) -> None:
+        self.name = f"v{uuid.uuid4().hex[:8]}"
+        self.store = volumes_for(settings) if settings.sandbox == "daytona" else None
+        self.path = self.store.ensure(self.name) if self.store else tmp_path / self.name
+        if self.store is None:
+            self.path.mkdir()
+
+    def write(self, rel: str, text: str) -> None:
+        if self.store is None:
+            (self.path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (self.path / rel).write_text(text)
+        else:
+            self.store.write(self.name, rel, text)
+
+    def read(self, rel: str) -> str:
+        return (self.path / rel).read_text() if self.store is None else self.store.read_text(self.name, rel)
 
 
 @pytest.fixture(params=BACKENDS)
 async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Callable[..., Sandbox]]:
     fake_sandbox.register()
-    settings = Settings(sandbox=request.param, home=tmp_path / "home")
+    settings = _settings(request, tmp_path)
     made: list[Sandbox] = []
 
     def build(**kwargs: Any) -> Sandbox:
@@ -33,6 +73,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         made.append(box)
         return box
 
+    build.volume = lambda: Volume(settings, tmp_path)  # type: ignore[attr-defined]
     yield build
     for box in made:
         await box.shutdown()
@@ -113,16 +154,15 @@ async def test_output_is_capped(make) -> None:
     assert len(result.stdout) < 1200 and "omitted" in result.stdout
 
 
-async def test_volumes_are_shared_with_the_host(make, tmp_path: Path) -> None:
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    (vol / "in.txt").write_text("from host")
-    box = make(volumes={"v": vol})
+async def test_volumes_are_shared_with_the_host(make) -> None:
+    vol = make.volume()
+    vol.write("memory/in.txt", "from host")
+    box = make(volumes={vol.name: vol.path})
     await box.start()
-    inside = box.volume_paths["v"]
+    inside = box.volume_paths[vol.name] + "/memory"
     code = f"open({inside!r} + '/out.txt', 'w').write('from code')\nopen({inside!r} + '/in.txt').read()"
     assert (await box.execute(code)).data == "from host"
-    assert (vol / "out.txt").read_text() == "from code"
+    assert vol.read("memory/out.txt") == "from code"
 
 
 async def test_shutdown_is_final(make) -> None:

@@ -179,13 +179,19 @@ def _snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture
+def outside(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A host folder the sandbox must never touch, and what it holds before the attack."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("host data")
+    return folder, _snapshot(folder)
+
+
 async def test_links_planted_in_a_work_folder_never_steer_a_child(
-    fleet_env: dict, oracle: OracleLM, tmp_path: Path
+    fleet_env: dict, oracle: OracleLM, outside: tuple[Path, dict[str, str]]
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("host data")
-    before = _snapshot(outside)
+    outside, before = outside
     oracle.add(Scenario("plant links", [
         PLANT.format(names=NAMES, target=str(outside)),
         "r = rlm_query('child question', 'child context with The secret code is C0DE')\nprint(r)",
@@ -201,12 +207,9 @@ async def test_links_planted_in_a_work_folder_never_steer_a_child(
 
 
 async def test_links_planted_in_one_session_run_never_steer_the_next(
-    fleet_env: dict, oracle: OracleLM, tmp_path: Path
+    fleet_env: dict, oracle: OracleLM, outside: tuple[Path, dict[str, str]]
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("host data")
-    before = _snapshot(outside)
+    outside, before = outside
     oracle.add(Scenario("first run", [PLANT.format(names=NAMES, target=str(outside)) + "\nSUBMIT('planted')"]))
     oracle.add(Scenario("second run", ["SUBMIT(context[:8])"]))
     async with Engine() as engine:

@@ -55,6 +55,7 @@ def main() -> None:
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
+    send({"type": "ready", "pid": os.getpid()})  # the double interrupts this process, not bubblewrap
     for line in sys.stdin:
         request = json.loads(line)
         running.set()

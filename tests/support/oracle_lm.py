@@ -11,6 +11,12 @@ program and the HTTP wire is exercised. Two kinds of request arrive:
 * sub-queries (``llm_query`` prompts): answered by the scenario's ``sub`` function from the
   text the prompt carries, like a model reading it would.
 
+A scenario can answer differently when the prompt carries a marker (``when``: marker -> steps),
+as a model follows an instruction or a demo it is shown: how tests prove an optimized program
+really changed what the model was sent. ``field_replies`` answers structured requests for other
+output fields (an optimizer's proposal or reflection: ``new_instruction``, ``proposed_instruction``)
+with fixed text, as JSON when the request asks for a JSON object.
+
 It records every request, tracks how many were in flight at once, can add latency and can
 fail a number of requests (or every root or sub request) with a chosen HTTP status to exercise
 retries and error paths; with ``echo_secrets`` a failure quotes the request's Authorization
@@ -22,13 +28,14 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.http_server import LoopbackServer, QuietHandler
 
 RAW = "RAW:"
 NEEDLE = re.compile(r"The secret code is (\w+)")
@@ -48,6 +55,7 @@ class Scenario:
     steps: list[str]
     sub: Callable[[str], str] = default_sub
     reasoning: str = "Working through the input step by step."
+    when: dict[str, list[str]] = field(default_factory=dict)  # marker in the prompt -> these steps instead
 
 
 @dataclass
@@ -73,6 +81,7 @@ class OracleState:
     echo_secrets: bool = False  # failures quote the Authorization header and the bare key
     # What ``GET /models`` lists, and so the names a run's preflight accepts (any name gets answers).
     models: tuple[str, ...] = ("oracle", "gpt-4o-mini", "gpt-5-mini")
+    field_replies: dict[str, str] = field(default_factory=dict)  # output field -> reply (proposals, reflection)
     requests: list[Request] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
@@ -85,28 +94,12 @@ def _text(content: Any) -> str:
     return str(content or "")
 
 
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 512  # the default backlog of 5 resets connections under fan-out
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):  # a client that hung up (rlms drops its pool)
-            return
-        super().handle_error(request, client_address)
-
-
-class OracleLM:
+class OracleLM(LoopbackServer):
     """Run with ``with OracleLM() as lm:``; point ``FLEET_LM_API_BASE`` at ``lm.base_url``."""
 
     def __init__(self, *scenarios: Scenario, latency: float = 0.0) -> None:
         self.state = OracleState(scenarios=list(scenarios), latency=latency)
-        self._server = _Server(("127.0.0.1", 0), _handler(self.state))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        super().__init__(_handler(self.state))
 
     def add(self, scenario: Scenario) -> None:
         self.state.scenarios.append(scenario)
@@ -118,14 +111,6 @@ class OracleLM:
     @property
     def max_in_flight(self) -> int:
         return self.state.max_in_flight
-
-    def __enter__(self) -> OracleLM:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 def _dialect(messages: list[dict[str, Any]]) -> str | None:
@@ -145,13 +130,28 @@ def _repl_reply(reasoning: str, code: str) -> str:
     return f"{reasoning}\n\n```repl\n{code}\n```"
 
 
+def _field_reply(state: OracleState, messages: list[dict[str, Any]]) -> str | None:
+    """A fixed reply to a request for one of ``field_replies``' output fields, in its format."""
+    system = _text(messages[0].get("content")) if messages else ""
+    asked = {n: t for n, t in state.field_replies.items() if f"[[ ## {n} ## ]]" in system or f'"{n}"' in system}
+    if not asked:
+        return None
+    if "JSON object" in system:
+        return json.dumps(asked)
+    return "".join(f"[[ ## {n} ## ]]\n{t}\n\n" for n, t in asked.items()) + "[[ ## completed ## ]]"
+
+
 def _root_answer(state: OracleState, messages: list[dict[str, Any]], dialect: str = "chat") -> str:
+    reply = _field_reply(state, messages)
+    if reply is not None:
+        return reply
     transcript = "\n".join(_text(m.get("content")) for m in messages)
     # Our runtime sends steps as chat turns; stock dspy.RLM renders them as "=== Step N ===".
     step = sum(1 for m in messages if m.get("role") == "assistant") or transcript.count("=== Step ")
     for scenario in state.scenarios:
         if scenario.trigger in transcript:
-            code = scenario.steps[min(step, len(scenario.steps) - 1)]
+            steps = next((alt for marker, alt in scenario.when.items() if marker in transcript), scenario.steps)
+            code = steps[min(step, len(steps) - 1)]
             if code.startswith(RAW):  # a reply that ignores the format, as weak models do
                 return code[len(RAW) :]
             if dialect == "repl":
@@ -170,29 +170,19 @@ def _structured(reasoning: str, code: str, transcript: str) -> str:
 
 
 def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        # Headers and body leave in one send (the buffer is flushed after each request), and
-        # Nagle is off: a response written in two sends on a kept-alive connection otherwise
-        # waits ~40 ms for the client's delayed ACK, which would swamp every timing.
-        wbufsize = 1 << 16
-        disable_nagle_algorithm = True
-
-        def log_message(self, *args: object) -> None:  # keep test output quiet
-            return
-
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
                 # Not recorded: the runtime's preflight reads it, and tests count model calls.
-                self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]})
+                self.send_json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]})
             else:
-                self._send(404, {"error": {"message": "not found"}})
+                self.send_json(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
             if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._send(404, {"error": {"message": f"unknown path {self.path}"}})
+                self.send_json(404, {"error": {"message": f"unknown path {self.path}"}})
                 return
             messages = body.get("messages", [])
             dialect = _dialect(messages)
@@ -217,7 +207,7 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 if delay:
                     time.sleep(delay)
                 if failure:
-                    self._send(failure, {"error": {"message": self._failure_message(), "type": "server_error"}})
+                    self.send_json(failure, {"error": {"message": self._failure_message(), "type": "server_error"}})
                     return
                 if is_root:
                     content = _root_answer(state, messages, dialect or "chat")
@@ -225,7 +215,7 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                     prompt = _text(messages[-1].get("content")) if messages else ""
                     content = _sub_answer(state, prompt)
                 record.reply_chars = len(content)
-                self._send(200, _completion(body.get("model", "oracle"), content, prompt_chars))
+                self.send_json(200, _completion(body.get("model", "oracle"), content, prompt_chars))
             finally:
                 with state.lock:
                     state.in_flight -= 1
@@ -236,14 +226,6 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("Authorization") or ""
             key = auth.partition(" ")[2]
             return f"injected failure: request had Authorization: {auth}; the key {key} is not valid here"
-
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
     return Handler
 

@@ -14,29 +14,23 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
+from tests.web.conftest import BIN, WebServer, fleet_web
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("FLEET_CHROMIUM", "/usr/bin/chromium")
-BIN = Path(sys.executable).parent
 HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
-URL = re.compile(r"(http://127\.0\.0\.1:\d+)/#token=([A-Za-z0-9_\-.~%]+)")
 
 NEEDLE_Q = "NEEDLE-WEB: what is the secret code in the uploaded file?"
 CODE = "ORCHID4471"
@@ -55,23 +49,6 @@ def _require_chromium() -> None:
     pytest.skip(message)
 
 
-@dataclass
-class WebServer:
-    base: str
-    token: str
-    home: Path
-    env: dict[str, str]
-    proc: subprocess.Popen[str]
-    output: list[str] = field(default_factory=list)
-
-    @property
-    def login_url(self) -> str:
-        return f"{self.base}/#token={self.token}"
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
-
-
 @pytest.fixture(scope="module")
 def web_oracle() -> Iterator[OracleLM]:
     slow_steps = [f"import time\ntime.sleep(3)\nprint({n!r})" for n in ("one", "two", "three")]
@@ -87,11 +64,6 @@ def web_oracle() -> Iterator[OracleLM]:
         latency=LATENCY,
     ) as lm:
         yield lm
-
-
-def _drain(stream: object, into: list[str]) -> None:
-    for line in stream:  # type: ignore[attr-defined]
-        into.append(line)
 
 
 @pytest.fixture(scope="module")
@@ -112,38 +84,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, web_oracle: OracleLM) -> It
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         }
     )
-    command = [str(BIN / "fleet"), "web", "--no-open", "--port", "0"]
+    wrap: list[str] = []
     if HAVE_SECRET_SERVICE:
         script = 'echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null; exec "$@"'
-        command = ["dbus-run-session", "--", "sh", "-c", script, "sh", *command]
-    proc = subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    output: list[str] = []
-    threading.Thread(target=_drain, args=(proc.stdout, output), daemon=True).start()
-    deadline = time.monotonic() + 60
-    found = None
-    while time.monotonic() < deadline and proc.poll() is None and not found:
-        found = next((m for m in map(URL.search, list(output)) if m), None)
-        time.sleep(0.1)
-    if not found:
-        _stop(proc)
-        pytest.fail("`fleet web --no-open --port 0` did not print its http://127.0.0.1:PORT/#token=... address:\n"
-                    + "".join(output))  # fmt: skip
-    srv = WebServer(found.group(1), found.group(2), home, env, proc, output)
-    try:
+        wrap = ["dbus-run-session", "--", "sh", "-c", script, "sh"]
+    with fleet_web(root, env, wrap) as srv:
         yield srv
-    finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)  # our own process group (start_new_session)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 @pytest.fixture(scope="module")

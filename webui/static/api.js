@@ -88,6 +88,7 @@ export async function upload(files) {
 export const EVENT_KINDS = [
   "run.started", "run.finished", "context.loaded", "lm.call", "code.executed",
   "subcall.finished", "child.started", "child.finished", "warning",
+  "optimize.started", "optimize.eval", "optimize.scored", "optimize.finished",
 ];
 
 /**

@@ -8,6 +8,7 @@ import { renderRuns } from "./pages/runs.js";
 import { renderInspector } from "./pages/inspector.js";
 import { renderSettings } from "./pages/settings.js";
 import { renderVolumes } from "./pages/volumes.js";
+import { renderOptimize } from "./pages/optimize.js";
 import { renderWorkbench } from "./pages/workbench.js";
 
 const main = document.getElementById("main");
@@ -16,6 +17,7 @@ const PAGES = {
   runs: renderRuns,
   run: renderInspector,
   volumes: renderVolumes,
+  optimize: renderOptimize,
   settings: renderSettings,
 };
 
@@ -52,17 +54,23 @@ function tokenFromFragment() {
   return decodeURIComponent(match[1]);
 }
 
-/** The desktop shell passes the token through its JS bridge. */
-async function tokenFromShell() {
-  if (!window.pywebview) return null;
-  if (!window.pywebview.api) {
-    await new Promise((resolve) => window.addEventListener("pywebviewready", resolve, { once: true }));
-  }
-  try {
-    return await window.pywebview.api.token();
-  } catch {
-    return null;
-  }
+/**
+ * The desktop shell (`fleet desktop` opens `/?desktop`) hands the token over its JS bridge: once
+ * the page says it is waiting, the shell runs a script in it that dispatches `fleet-desktop-token`.
+ * (pywebview's `js_api` cannot be used: it builds functions with `new Function`, which this page's
+ * Content-Security-Policy forbids.) A plain browser given `?desktop` gives up after a while.
+ */
+function tokenFromShell() {
+  if (!new URLSearchParams(location.search).has("desktop")) return Promise.resolve(null);
+  return new Promise((resolve) => {
+    const done = (token) => {
+      delete document.documentElement.dataset.desktop;
+      resolve(token);
+    };
+    window.addEventListener("fleet-desktop-token", (e) => done(e.detail), { once: true });
+    setTimeout(() => done(null), 20000);
+    document.documentElement.dataset.desktop = "waiting";
+  });
 }
 
 async function signedIn() {

@@ -1,4 +1,4 @@
-// Hash routes: #/workbench, #/runs, #/runs/ID, #/volumes, #/settings.
+// Hash routes: #/workbench, #/runs, #/runs/ID, #/volumes, #/optimize, #/settings.
 // A page is `render(main, params) -> cleanup?`; the cleanup runs when the route changes
 // (closing event streams and timers of the page left behind).
 
@@ -9,7 +9,7 @@ export function parse(hash) {
   const parts = (hash || "").replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   const [first, second] = parts;
   if (first === "runs" && second) return { name: "run", params: { id: second } };
-  if (["workbench", "runs", "volumes", "settings"].includes(first)) return { name: first, params: {} };
+  if (["workbench", "runs", "volumes", "optimize", "settings"].includes(first)) return { name: first, params: {} };
   return { name: "workbench", params: {} };
 }
 

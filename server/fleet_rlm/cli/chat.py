@@ -81,6 +81,8 @@ class Attachment:
 
 
 class Chat:
+    help = HELP  # what /help prints
+
     def __init__(self, engine: Any, args: argparse.Namespace, reader: LineReader | None = None) -> None:
         self.engine = engine
         self.args = args
@@ -220,6 +222,14 @@ class Chat:
         arg = arg.strip()
         if cmd in {"/quit", "/exit"}:
             return False
+        if cmd == "/help":
+            print(self.help)
+        elif not await self.run_command(cmd, arg):
+            print(f"unknown command {cmd}: /help lists the commands")
+        return True
+
+    async def run_command(self, cmd: str, arg: str) -> bool:
+        """Run a command other than /quit and /help; False when there is no such command."""
         if cmd == "/attach":
             self.attach(arg)
         elif cmd == "/detach":
@@ -247,10 +257,8 @@ class Chat:
             self.session_id = None
             self.attached.clear()
             print("new session: fresh REPL, nothing attached")
-        elif cmd == "/help":
-            print(HELP)
         else:
-            print(f"unknown command {cmd}: /help lists the commands")
+            return False
         return True
 
     async def loop(self) -> None:
@@ -280,6 +288,15 @@ class Chat:
             except Exception as exc:  # one line, and the session stays alive
                 fail(exc)
 
+    async def run(self) -> None:
+        """``loop`` with Ctrl-C going to ``on_sigint`` instead of ending the process."""
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, self.on_sigint)
+        try:
+            await self.loop()
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
 
 async def _chat(settings: Any, args: argparse.Namespace) -> None:
     from fleet_rlm.core.engine import Engine
@@ -290,14 +307,14 @@ async def _chat(settings: Any, args: argparse.Namespace) -> None:
             chat.check(path)
             chat.attached.append(Attachment(path=path))
             print(f"attached {path}")
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, chat.on_sigint)
-        try:
-            await chat.loop()
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
+        await chat.run()
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if getattr(args, "agent", False):  # `fleet --agent`: the workspace agent (cli/agent_chat.py)
+        from fleet_rlm.cli.agent_chat import run_agent_chat
+
+        asyncio.run(run_agent_chat(settings_for(args), args))
+        return 0
     asyncio.run(_chat(settings_for(args), args))
     return 0

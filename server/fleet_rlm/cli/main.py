@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from fleet_rlm import __version__
 from fleet_rlm.cli.common import Parser, fail, not_negative, positive
@@ -21,7 +22,7 @@ def _limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-llm-calls", type=positive(int), metavar="N", help="model calls per run (default 500)")
     p.add_argument("--max-seconds", type=positive(float), metavar="S", help="wall time per run (default 1800)")
     p.add_argument("--max-cost", type=positive(float), metavar="USD", help="USD per run, where prices are known")
-    p.add_argument("--sandbox", choices=["local"], default=None, help="where code runs (local)")
+    p.add_argument("--sandbox", choices=["local", "daytona"], default=None, help="where code runs (local, daytona)")
 
 
 def _context(p: argparse.ArgumentParser) -> None:
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--no-open", action="store_true", help="do not open a browser")
     web.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host (token stays required)")
 
+    desk = sub.add_parser("desktop", help="the web UI in a native window (needs the 'desktop' extra)")
+    desk.add_argument("--self-test", action="store_true", help="open the window, check the UI and server, exit")
+    desk.add_argument("--screenshot", metavar="PATH", help="with --self-test: save the window as a PNG")
+
     mcp = sub.add_parser("serve-mcp", help="serve the runtime as an MCP server (same as fleet-mcp)")
     mcp.add_argument("--transport", choices=["stdio", "http"], default="stdio", help="stdio (default) or http")
     mcp.add_argument("--host", default="127.0.0.1", help="HTTP: interface (default loopback)")
@@ -130,11 +135,87 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP: serve without a bearer token (default: FLEET_MCP_TOKEN, else one printed at launch)",
     )
 
+    day = sub.add_parser("daytona", help="Daytona sandboxes: register the snapshot, smoke test, clean up")
+    dsub = day.add_subparsers(dest="action", metavar="ACTION", required=True)
+    dsub.add_parser("setup", help="register the snapshot the sandboxes start from (once per worker version)")
+    smoke = dsub.add_parser("smoke", help="check credentials, snapshot, volume, execution and the host bridge")
+    smoke.add_argument("--json", action="store_true", help="print the timed checks as JSON")
+    gc = dsub.add_parser("gc", help="delete fleet-rlm sandboxes whose process is gone (a killed run's)")
+    gc.add_argument("--all", action="store_true", help="every fleet-rlm sandbox, in use or not")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    gc.add_argument("--json", action="store_true", help="print what was removed and kept as JSON")
+
     chat = sub.add_parser("chat", help="interactive session in the terminal")
     _context(chat)
     _trace_mode(chat)
     _limits(chat)
+    chat.add_argument(
+        "--agent",
+        action="store_true",
+        help="talk to the workspace agent (it runs RLMs, keeps memory; asks before side effects)",
+    )
+    _optimization(sub)
     return parser
+
+
+def _optimization(sub: Any) -> None:
+    """``dataset``, ``optimize`` and ``programs`` (docs/optimization.md)."""
+    ds = sub.add_parser("dataset", help="datasets of questions with expected answers, for optimize")
+    dsub = ds.add_subparsers(dest="action", metavar="ACTION", required=True)
+    imp = dsub.add_parser("import", help="make a dataset from a JSONL file (- for stdin) or from judged runs")
+    imp.add_argument("file", nargs="?", help='JSON lines: {"question", "context" or "context_path", "answer"}')
+    imp.add_argument("--name", required=True, help="the dataset's name")
+    imp.add_argument("--feedback", action="store_true", help="from runs marked right or wrong instead of a file")
+    imp.add_argument("--holdout", type=_fraction, default=0.2, metavar="F", help="share kept back (default 0.2)")
+    imp.add_argument("--seed", type=not_negative, default=0, metavar="N", help="seed of the split (default 0)")
+    imp.add_argument("--json", action="store_true", help="print the dataset as JSON")
+    exp = dsub.add_parser("export", help="print a dataset as JSON lines")
+    exp.add_argument("name")
+    dls = dsub.add_parser("ls", help="list datasets")
+    dls.add_argument("--json", action="store_true", help="print a JSON list")
+    show = dsub.add_parser("show", help="a dataset's rows and split")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+
+    opt = sub.add_parser("optimize", help="improve the RLM program on a dataset (GEPA, MIPROv2, bootstrap)")
+    opt.add_argument("--dataset", metavar="NAME", help="the dataset to learn from")
+    opt.add_argument("--optimizer", choices=["gepa", "mipro", "bootstrap"], help="the DSPy optimizer")
+    opt.add_argument("--metric", default="normalised", metavar="M",
+                     help="exact, normalised (default), numeric[:TOL], f1 or judge")  # fmt: skip
+    opt.add_argument("--base", metavar="VERSION", help="optimize this program version (default: the active one)")
+    opt.add_argument("--trials", type=positive(int), metavar="N", help="GEPA full evaluations / MIPROv2 trials (4)")
+    opt.add_argument("--max-calls", type=positive(int), metavar="N", help="stop after the replays made N model calls")
+    opt.add_argument("--max-total-cost", type=positive(float), metavar="USD", help="stop after the replays cost this")
+    opt.add_argument("--resume", metavar="ID", help="rerun an interrupted optimization, skipping finished replays")
+    _limits(opt)
+    opt.add_argument("--json", action="store_true", help="print the id, the new version and the scores as JSON")
+
+    prog = sub.add_parser("programs", help="program versions: list, show, compare, promote, roll back")
+    psub = prog.add_subparsers(dest="action", metavar="ACTION", required=True)
+    pls = psub.add_parser("ls", help="versions with their scores; the active one is marked *")
+    pls.add_argument("--json", action="store_true", help="print JSON")
+    pshow = psub.add_parser("show", help="a version's scores and the instructions and demos it changed (JSON)")
+    pshow.add_argument("version")
+    cmp = psub.add_parser("compare", help="two versions side by side: scores, instruction diff, demos (JSON)")
+    cmp.add_argument("a", help="a version id, or builtin")
+    cmp.add_argument("b", help="a version id, or builtin")
+    prom = psub.add_parser("promote", help="make a version active if it passes the promotion gate")
+    prom.add_argument("version")
+    prom.add_argument("--override", metavar="REASON", help="promote even if the gate fails; the reason is kept")
+    prom.add_argument("--tolerance", type=_fraction, default=0.0, metavar="T", help="holdout drop allowed (0)")
+    prom.add_argument("--json", action="store_true", help="print JSON")
+    rb = psub.add_parser("rollback", help="make the version active before the current one active again")
+    rb.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, not {text}")
+    return value
 
 
 def _handler(name: str) -> Handler:
@@ -146,6 +227,12 @@ def _handler(name: str) -> Handler:
         return _serve_mcp
     elif name == "web":
         from fleet_rlm.web import serve as mod  # type: ignore[no-redef]
+    elif name == "desktop":
+        from fleet_shell import launch as mod  # type: ignore[no-redef]  # the desktop face's entry point
+    elif name in {"dataset", "optimize", "programs"}:
+        from fleet_rlm.cli import optimize as mod  # type: ignore[no-redef]
+    elif name == "daytona":
+        from fleet_rlm.cli import daytona as mod  # type: ignore[no-redef]
     elif name in {"doctor", "config"}:
         from fleet_rlm.cli import setup as mod  # type: ignore[no-redef]
     else:

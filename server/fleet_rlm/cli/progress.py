@@ -5,7 +5,7 @@ keep ticking while a slow model thinks; elsewhere it prints one line per step.""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
 from rich.live import Live
@@ -16,20 +16,20 @@ from fleet_rlm.core.progress import ProgressTracker
 REFRESH_PER_SECOND = 2
 
 
-class Progress:
-    """Feed it events; it redraws one status line (TTY) or prints one line per step (pipes)."""
+class LiveLine:
+    """A status line (``__rich__``) that a terminal redraws while the ``with`` block runs."""
 
-    def __init__(self, mode: str = "compact", console: Console | None = None) -> None:
-        self.mode = mode
-        self.console = console or Console(stderr=True, highlight=False)
-        self.live: Live | None = None
-        self.started = time.monotonic()
-        self.tracker = ProgressTracker()
-        self.waiting = ""
-        self.waiting_since = self.started
+    console: Console
+    live: Live | None = None
 
-    def __enter__(self) -> Progress:
-        if self.mode != "off" and self.console.is_terminal:
+    def __rich__(self) -> Text:
+        raise NotImplementedError
+
+    def wants_live(self) -> bool:
+        return self.console.is_terminal
+
+    def __enter__(self) -> Self:
+        if self.wants_live():
             # Live re-renders ``self`` on every refresh (``__rich__``): the timers tick between events.
             self.live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True)
             self.live.__enter__()
@@ -38,6 +38,21 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         if self.live:
             self.live.__exit__(None, None, None)
+
+
+class Progress(LiveLine):
+    """Feed it events; it redraws one status line (TTY) or prints one line per step (pipes)."""
+
+    def __init__(self, mode: str = "compact", console: Console | None = None) -> None:
+        self.mode = mode
+        self.console = console or Console(stderr=True, highlight=False)
+        self.started = time.monotonic()
+        self.tracker = ProgressTracker()
+        self.waiting = ""
+        self.waiting_since = self.started
+
+    def wants_live(self) -> bool:
+        return self.mode != "off" and super().wants_live()
 
     def __rich__(self) -> Text:
         return self.line()

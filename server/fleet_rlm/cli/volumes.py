@@ -39,9 +39,9 @@ def _read_source(source: str) -> bytes:
 
 def cmd_volumes(args: argparse.Namespace) -> int:
     from fleet_rlm.config import load_settings
-    from fleet_rlm.volumes import LocalVolumes
+    from fleet_rlm.volumes import volumes_for
 
-    volumes = LocalVolumes.from_settings(load_settings())
+    volumes = volumes_for(load_settings())
     try:
         return _act(volumes, args)
     except NotFound as exc:  # name the command that shows what exists

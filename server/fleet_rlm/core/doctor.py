@@ -72,7 +72,19 @@ async def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[s
         report["sandbox"] = {"ok": False, "blocking": True, "detail": str(exc), "fix": _sandbox_fix()}
     report["keyring"] = _check_keyring(settings)
     report["store"] = {"ok": True, "detail": str(settings.store_path), "exists": settings.store_path.exists()}
+    report["git"] = _check_git()
     return report
+
+
+def _check_git() -> dict[str, Any]:
+    """git clones repositories for the workspace agent's add_context_from_repo (nothing else needs it)."""
+    import shutil
+
+    found = shutil.which("git")
+    if found:
+        return {"ok": True, "detail": found}
+    return {"ok": False, "detail": "git is not installed: the agent cannot pull repositories in",
+            "fix": "install git (e.g. apt install git), or never ask the agent for repositories"}  # fmt: skip
 
 
 def _check_keyring(settings: cfg.Settings) -> dict[str, Any]:

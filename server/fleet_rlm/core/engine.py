@@ -28,7 +28,7 @@ from fleet_rlm.core.types import Event, RunRequest, RunResult
 from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
-from fleet_rlm.volumes import LocalVolumes, parse_volume_ref
+from fleet_rlm.volumes import LocalVolumes, parse_volume_ref, volumes_for
 
 log = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -69,7 +69,7 @@ class Engine:
         self.settings = settings or load_settings()
         self.store: Store | None = None
         self.bus: EventBus | None = None
-        self.volumes = LocalVolumes.from_settings(self.settings)
+        self.volumes = volumes_for(self.settings)  # folders, or Daytona volumes with FLEET_SANDBOX=daytona
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, Session] = {}
         self._programs: dict[str | None, Any] = {}  # program version id (None: built-in) -> RLMProgram
@@ -130,9 +130,11 @@ class Engine:
         """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
         self._models()  # raises ConfigError with the fix when no model is set
         try:  # never run somewhere other than asked
-            get_backend(self.settings.sandbox)
+            backend = get_backend(self.settings.sandbox)
         except SandboxError as exc:
             raise ConfigError(f"{exc}: set FLEET_SANDBOX=local") from None
+        if backend.check is not None:  # e.g. Daytona without a key: refused before a run exists
+            backend.check(self.settings)
         if req.volume is not None:
             self.volumes.check_name(req.volume)
         roots = self.settings.allowed_context_roots
@@ -211,8 +213,10 @@ class Engine:
             if version is not None:
                 row = self._require_store().get_program_version(version)
                 if row is None:
-                    raise ConfigError(f"the active program version '{version}' is missing: "
-                                      "run `fleet-rlm programs rollback` or promote another version")
+                    raise ConfigError(
+                        f"the active program version '{version}' is missing: "
+                        "run `fleet-rlm programs rollback` or promote another version"
+                    )
                 program.load_state(row["state"])
             self._programs[version] = program
         return self._programs[version]
@@ -304,7 +308,8 @@ class Engine:
                     session.lost_state = False
             ctx = self._run_context(run_id, emit, limits, scratch, self.mounted_volumes(req.volume), program)
             spec = ctx.sandbox_spec("root")
-            async with open_sandbox(self.settings, spec, session.sandbox if session else None) as sandbox:
+            existing = session.sandbox if session else None
+            async with open_sandbox(self.settings, spec, existing, usage=ctx.usage) as sandbox:
                 if session is not None:
                     session.started = True
                 for message in sandbox.warnings:
@@ -343,8 +348,9 @@ class Engine:
                 session.last_used = time.monotonic()
                 if holds_lock:
                     session.lock.release()
-            await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
+            # Recorded first: a cancel landing during the clean-up must not leave the run "running".
             await self._finish(run_id, ctx, status, answer, stop_reason, error, started)
+            await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
 
     def _models(self) -> tuple[Any, Any]:
         """Root and sub LM, built once: settings don't change for an engine's lifetime."""
@@ -416,7 +422,7 @@ class Engine:
         """The volumes a sandbox sees: the one asked for (created if new), else all of them."""
         if only:
             return {only: self.volumes.ensure(only)}
-        return {v["name"]: self.volumes.path(v["name"]) for v in self.volumes.list_volumes()}
+        return {name: self.volumes.path(name) for name in self.volumes.names()}
 
     async def _drop_sandbox(self, session: Session) -> None:
         if session.sandbox is not None:

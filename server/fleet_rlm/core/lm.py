@@ -53,6 +53,7 @@ class Usage:
     """Totals per model, for a node or a whole run."""
 
     by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    sandbox: dict[str, float] = field(default_factory=dict)  # remote sandbox time and its cost, when billed
 
     def add(self, call: CallUsage) -> None:
         slot = self.by_model.setdefault(
@@ -62,6 +63,10 @@ class Usage:
         slot["prompt_tokens"] += call.prompt_tokens
         slot["completion_tokens"] += call.completion_tokens
         slot["cost"] += call.cost or 0.0
+
+    def add_sandbox(self, seconds: float, cost: float) -> None:
+        self.sandbox["seconds"] = self.sandbox.get("seconds", 0.0) + seconds
+        self.sandbox["cost"] = self.sandbox.get("cost", 0.0) + cost
 
     @property
     def cost(self) -> float:
@@ -76,7 +81,10 @@ class Usage:
             key: sum(s[key] for s in self.by_model.values())
             for key in ("calls", "prompt_tokens", "completion_tokens", "cost")
         }
-        return {"total": totals, "by_model": self.by_model}
+        if not self.sandbox:
+            return {"total": totals, "by_model": self.by_model}
+        sandbox = {"seconds": round(self.sandbox["seconds"], 3), "cost": round(self.sandbox["cost"], 6)}
+        return {"total": totals, "by_model": self.by_model, "sandbox": sandbox}
 
 
 _sink: ContextVar[list[dict[str, Any]] | None] = ContextVar("fleet_lm_sink", default=None)

@@ -59,14 +59,19 @@ class RLMAction(dspy.Signature):
     code: str = dspy.OutputField(desc="Python code to run next, in a ```python block.")
 
     @classmethod
-    def delete(cls, name: str) -> type[dspy.Signature]:
+    def delete(cls, name: str) -> Any:
         """The adapter drops the history field on every step; signatures are immutable, so cache it."""
         return _without_field(cls, name)
 
 
-@functools.cache
-def _without_field(signature: type[dspy.Signature], name: str) -> type[dspy.Signature]:
-    return dspy.Signature.delete.__func__(signature, name)  # type: ignore[attr-defined,no-any-return]
+_BARE: dict[tuple[Any, str], Any] = {}  # (signature, field) -> the signature without it
+
+
+def _without_field(signature: Any, name: str) -> Any:  # dspy has no types: its signatures are Any here
+    key = (signature, name)
+    if key not in _BARE:
+        _BARE[key] = dspy.Signature.delete.__func__(signature, name)
+    return _BARE[key]
 
 
 class RLMExtract(dspy.Signature):
@@ -120,7 +125,8 @@ class TranscriptAdapter(dspy.ChatAdapter):
     ) -> list[dict[str, Any]]:
         history = inputs.get(history_field_name)
         if history is None:
-            return super().format_conversation_history(signature, history_field_name, inputs)
+            plain: list[dict[str, Any]] = super().format_conversation_history(signature, history_field_name, inputs)
+            return plain
         shape = (signature.instructions, tuple(signature.fields))
         messages: list[dict[str, Any]] = []
         for turn in history.messages:
@@ -131,6 +137,29 @@ class TranscriptAdapter(dspy.ChatAdapter):
             messages.extend(self._turns[key])
         del inputs[history_field_name]
         return messages
+
+    def format_demos(self, signature: type[dspy.Signature], demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A demo carrying a transcript (an optimizer's whole successful run: its earlier steps as
+        ``history``, then its last step) is shown as that run's turns; other demos as dspy does."""
+        name = self._get_history_field_name(signature)
+        whole = [d for d in demos if name and d.get(name) is not None]
+        messages: list[dict[str, Any]] = super().format_demos(
+            signature, [d for d in demos if not (name and d.get(name) is not None)]
+        )
+        if not whole:
+            return messages
+        bare = _without_field(signature, name)
+        for demo in whole:
+            history = demo[name]
+            turns = history.messages if isinstance(history, dspy.History) else history.get("messages", [])
+            for index, turn in enumerate([*turns, {k: demo[k] for k in bare.fields if k in demo}]):
+                prefix = TRAJECTORY_DEMO if index == 0 else ""
+                messages.append({"role": "user", "content": self.format_user_message_content(bare, turn, prefix)})
+                messages.append({"role": "assistant", "content": self.format_assistant_message_content(bare, turn)})
+        return messages
+
+
+TRAJECTORY_DEMO = "An example: a whole earlier run of this task that found the right answer, step by step."
 
 
 FORMAT_HELP = (
@@ -192,7 +221,7 @@ class RLMProgram(dspy.Module):
         self.act = RootPredict(RLMAction)
         self.extract = RootPredict(RLMExtract)
 
-    async def aforward(self, runtime: NodeRuntime) -> NodeResult:  # type: ignore[override]
+    async def aforward(self, runtime: NodeRuntime) -> NodeResult:
         steps: list[Step] = []
         observation = runtime.opening_observation()
         stop_reason: str | None = None

@@ -100,7 +100,9 @@ class RunContext:
         result: NodeResult | None = None
         error: str | None = None
         try:
-            async with open_sandbox(self.settings, self.sandbox_spec(node)) as sandbox:
+            spec = self.sandbox_spec(node)
+            spec.near = parent.sandbox  # a backend may place the child beside its parent (Daytona: shared)
+            async with open_sandbox(self.settings, spec, usage=self.usage) as sandbox:
                 staged = await load_inputs(
                     sandbox, self.inputs_file(node), prompt, texts=[context] if context else []
                 )
@@ -155,15 +157,21 @@ def sandbox_spec(settings: Settings, work_dir: Path, volumes: dict[str, Path]) -
 
 @contextlib.asynccontextmanager
 async def open_sandbox(
-    settings: Settings, spec: SandboxSpec, existing: Sandbox | None = None
+    settings: Settings, spec: SandboxSpec, existing: Sandbox | None = None, usage: Usage | None = None
 ) -> AsyncIterator[Sandbox]:
     """The one sandbox lifecycle, for root and child nodes: create (unless a session's REPL is
-    given), start, and afterwards shut down and remove the folder of a sandbox created here."""
+    given), start, and afterwards shut down and remove the folder of a sandbox created here.
+    A billed sandbox (one with ``cost_per_second``) adds the time this run held it to ``usage``."""
     sandbox = existing or create_sandbox(settings, spec)
+    held = time.monotonic()
     try:
         await sandbox.start()
         yield sandbox
     finally:
+        rate = getattr(sandbox, "cost_per_second", None)
+        if usage is not None and rate is not None:
+            seconds = time.monotonic() - held
+            usage.add_sandbox(seconds, seconds * rate)
         if existing is None:
             await sandbox.shutdown()
             await asyncio.to_thread(shutil.rmtree, spec.work_dir, ignore_errors=True)

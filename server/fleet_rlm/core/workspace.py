@@ -14,7 +14,7 @@ from fleet_rlm.core import views
 from fleet_rlm.core.errors import NotFound, UserError
 from fleet_rlm.core.types import STATUSES, Event, RunResult
 from fleet_rlm.store import RunRecord, Store
-from fleet_rlm.volumes import LocalVolumes
+from fleet_rlm.volumes import LocalVolumes, volumes_for
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
@@ -33,7 +33,7 @@ class Workspace:
     @classmethod
     def open(cls, settings: Settings) -> Workspace:
         settings.make_home()
-        return cls(Store(settings.store_path), LocalVolumes.from_settings(settings))
+        return cls(Store(settings.store_path), volumes_for(settings))
 
     def close(self) -> None:
         self.store.close()

@@ -22,6 +22,8 @@ from fleet_rlm.mcp import (
     completion,
     prompts,
     resources,
+    tools_agent,
+    tools_optimize,
     tools_runs,
     tools_system,
     tools_trace,
@@ -83,6 +85,8 @@ def build_server(engine: Engine | None = None) -> MCPServer[EngineProvider]:
     tools_trace.register(server, provider)
     tools_volumes.register(server, provider)
     tools_system.register(server, provider)
+    tools_optimize.register(server, provider)
+    tools_agent.register(server, provider)
     resources.register(server, provider)
     prompts.register(server)
     completion.register(server, provider)

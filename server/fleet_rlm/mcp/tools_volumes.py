@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from fleet_rlm.core.views import text_range
-from fleet_rlm.mcp.models import FileContent, FileEntry, FileList, VolumeInfo, VolumeList, WrittenFile
+from fleet_rlm.mcp.models import FileContent, FileList, VolumeList, WrittenFile
 from fleet_rlm.mcp.views import user_errors
 
 if TYPE_CHECKING:
@@ -44,7 +42,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     async def list_volumes() -> VolumeList:
         with user_errors():
             engine = await provider.get()
-            return VolumeList(volumes=[VolumeInfo(**v) for v in engine.volumes.list_volumes()])
+            return engine.workspace.volume_list()
 
     @server.tool(
         title="List files in a volume",
@@ -58,13 +56,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> FileList:
         with user_errors():
             engine = await provider.get()
-            entries = engine.volumes.list_files(volume, path, recursive=recursive)
-        return FileList(
-            volume=volume,
-            path=path,
-            entries=[FileEntry(**e) for e in entries[:MAX_ENTRIES]],
-            truncated=len(entries) > MAX_ENTRIES,
-        )
+            return engine.workspace.files(volume, path, recursive=recursive, limit=MAX_ENTRIES)
 
     @server.tool(
         title="Read a file from a volume",
@@ -83,14 +75,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> FileContent:
         with user_errors():
             engine = await provider.get()
-            entry = engine.volumes.stat(volume, path)
-            if entry["type"] != "file":
-                raise ToolError(f"'{path}' in volume '{volume}' is not a file (it is a {entry['type']})")
-            size = entry["size"]
-            data = engine.volumes.read(volume, path, offset, length)  # refuses links and pipes itself
-        if b"\x00" in data:
-            raise ToolError(f"'{path}' in volume '{volume}' looks binary; only text files can be read here")
-        shown = text_range(volume, path, data, offset, size)
+            shown = engine.workspace.text(volume, path, offset, length)
         return FileContent(**shown.model_dump(), uri=volume_resource_uri(volume, path))
 
     @server.tool(

@@ -12,6 +12,7 @@ the request in flight and fail the sandbox (``SandboxError``) on anything else.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     from fleet_rlm.config import Settings
 
 HostFunction = Callable[..., Awaitable[Any]]
-ErrorKind = Literal["syntax", "exception", "timeout", "memory"]
-ERROR_KINDS: tuple[str, ...] = ("syntax", "exception", "timeout", "memory")
+# "unknown": the connection to a remote sandbox broke while the step ran; it was not run again.
+ErrorKind = Literal["syntax", "exception", "timeout", "memory", "unknown"]
+ERROR_KINDS: tuple[str, ...] = ("syntax", "exception", "timeout", "memory", "unknown")
 
 # Largest single protocol message either side accepts (a SUBMIT payload, a batch of prompts).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -60,6 +62,7 @@ class SandboxSpec:
     max_procs: int = 64
     exec_timeout: float | None = 300.0
     output_limit: int = 1_000_000
+    near: Any = None  # the parent node's sandbox: a backend may place this one beside it (same machine)
 
 
 @runtime_checkable
@@ -112,9 +115,11 @@ class Backend:
     factory: SandboxFactory
     doctor: DoctorCheck
     description: str = ""
+    check: Callable[[Settings], None] | None = None  # raises ConfigError (with the fix) if unusable as set
 
 
 BACKENDS: dict[str, Backend] = {}
+BUILT_IN = ("local", "daytona")  # modules of this package, imported on first use
 
 
 def register_backend(backend: Backend) -> None:
@@ -123,10 +128,10 @@ def register_backend(backend: Backend) -> None:
 
 def get_backend(name: str) -> Backend:
     """The backend called ``name``; built-ins are imported on first use (keeps imports cheap)."""
-    if name not in BACKENDS and name == "local":
-        import fleet_rlm.sandbox.local  # noqa: F401  (registers itself)
+    if name not in BACKENDS and name in BUILT_IN:
+        importlib.import_module(f"fleet_rlm.sandbox.{name}")  # registers itself
     if name not in BACKENDS:
-        known = ", ".join(sorted({*BACKENDS, "local"}))
+        known = ", ".join(sorted({*BACKENDS, *BUILT_IN}))
         raise SandboxError(f"no sandbox backend named {name!r} in this version (known: {known})")
     return BACKENDS[name]
 
@@ -147,3 +152,44 @@ def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
                 return deepest
             stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+class ProtocolViolation(Exception):
+    """The sandbox sent something its protocol does not allow at this point."""
+
+
+def cap_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, head and tail kept."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} characters omitted] ...\n{text[len(text) - (limit - half) :]}"
+
+
+def exec_result(reply: dict[str, Any], output_limit: int) -> ExecResult:
+    """Check a worker's ``done`` reply field by field (hostile code's process wrote it)."""
+
+    def text(key: str) -> str | None:
+        value = reply.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ProtocolViolation(f"'done' field {key!r} is not text")
+        return cap_text(value, output_limit + 1024)  # a backstop: the worker caps (plus its marker)
+
+    kind, final, duration = reply.get("error_kind"), reply.get("final"), reply.get("duration")
+    if kind is not None and kind not in ERROR_KINDS:
+        raise ProtocolViolation(f"unknown error kind {str(kind)[:40]!r}")
+    if final is not None and not isinstance(final, dict):
+        raise ProtocolViolation("'done' field 'final' is not an object")
+    if not isinstance(duration, (int, float)) or isinstance(duration, bool):
+        raise ProtocolViolation("'done' field 'duration' is not a number")
+    return ExecResult(
+        stdout=text("stdout") or "",
+        value=text("value"),
+        error=text("error"),
+        error_kind=kind,
+        final=final,
+        duration=float(duration),
+        data=reply.get("data"),
+    )

@@ -26,14 +26,15 @@ from typing import Any, Literal
 
 from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import (
-    ERROR_KINDS,
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
     Backend,
     ExecResult,
     HostFunction,
+    ProtocolViolation,
     SandboxError,
     SandboxSpec,
+    exec_result,
     nesting_depth,
     register_backend,
 )
@@ -572,32 +573,7 @@ class LocalSandbox:
         return result
 
     def _exec_result(self, reply: dict[str, Any]) -> ExecResult:
-        """Check a 'done' reply field by field: it is written by hostile code's process."""
-
-        def text(key: str, *, optional: bool = True) -> str | None:
-            value = reply.get(key)
-            if value is None and optional:
-                return None
-            if not isinstance(value, str):
-                raise _ProtocolViolation(f"'done' field {key!r} is not text")
-            return _cap(value, self.output_limit + 1024)  # a backstop: the worker caps (plus its marker)
-
-        kind, final, duration = reply.get("error_kind"), reply.get("final"), reply.get("duration")
-        if kind is not None and kind not in ERROR_KINDS:
-            raise _ProtocolViolation(f"unknown error kind {str(kind)[:40]!r}")
-        if final is not None and not isinstance(final, dict):
-            raise _ProtocolViolation("'done' field 'final' is not an object")
-        if not isinstance(duration, (int, float)) or isinstance(duration, bool):
-            raise _ProtocolViolation("'done' field 'duration' is not a number")
-        return ExecResult(
-            stdout=text("stdout") or "",
-            value=text("value"),
-            error=text("error"),
-            error_kind=kind,
-            final=final,
-            duration=float(duration),
-            data=reply.get("data"),
-        )
+        return exec_result(reply, self.output_limit)
 
     async def configure_output_fields(self, fields: list[dict[str, Any]]) -> None:
         """Declare SUBMIT's fields ([{"name", "type"}...]); kept across restarts of the request."""
@@ -624,15 +600,7 @@ class LocalSandbox:
             await self._request({"op": "define_functions", "names": list(fns)})
 
 
-class _ProtocolViolation(Exception):
-    """The worker sent something the protocol does not allow at this point."""
-
-
-def _cap(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n... [{len(text) - limit} characters omitted] ...\n{text[len(text) - (limit - half):]}"
+_ProtocolViolation = ProtocolViolation
 
 
 def _local_sandbox(settings: Any, spec: SandboxSpec) -> LocalSandbox:

@@ -214,8 +214,104 @@ CREATE TABLE eval_cache (
 ) WITHOUT ROWID
 """
 
+# The workspace agent (``agent/``, tables in ``store/agent.py``): conversations with their messages
+# (each also kept in the Agent Framework's own form, ``af_json``, to rebuild the history), turns (one
+# workflow run each, possibly paused), tool approvals and their audit log, the runs a conversation
+# started, its attached uploads, and the workflows' checkpoints (a paused turn's durable state).
+_V6 = """
+CREATE TABLE agent_conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    volume TEXT NOT NULL,
+    grants_json TEXT NOT NULL DEFAULT '[]',
+    mcp_servers_json TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE agent_turns (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES agent_conversations (id) ON DELETE CASCADE,
+    status TEXT NOT NULL,
+    error TEXT,
+    owner_pid INTEGER,
+    owner_host TEXT,
+    owner_start TEXT,
+    created_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX agent_turns_conversation ON agent_turns (conversation_id, created_at);
+CREATE TABLE agent_messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES agent_conversations (id) ON DELETE CASCADE,
+    turn_id TEXT NOT NULL,
+    role TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    text TEXT,
+    call_id TEXT,
+    tool TEXT,
+    arguments_json TEXT,
+    af_json TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX agent_messages_conversation ON agent_messages (conversation_id, id);
+CREATE TABLE agent_approvals (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES agent_conversations (id) ON DELETE CASCADE,
+    turn_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments_json TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    status TEXT NOT NULL,
+    decided_by TEXT,
+    reason TEXT,
+    always INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    decided_at REAL,
+    executed_at REAL
+);
+CREATE INDEX agent_approvals_status ON agent_approvals (status, created_at);
+CREATE INDEX agent_approvals_turn ON agent_approvals (turn_id);
+CREATE TABLE agent_audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    approval_id TEXT,
+    action TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX agent_audit_conversation ON agent_audit (conversation_id, id);
+CREATE TABLE agent_runs (
+    conversation_id TEXT NOT NULL REFERENCES agent_conversations (id) ON DELETE CASCADE,
+    run_id TEXT NOT NULL,
+    turn_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (conversation_id, run_id)
+) WITHOUT ROWID;
+CREATE TABLE agent_attachments (
+    conversation_id TEXT NOT NULL REFERENCES agent_conversations (id) ON DELETE CASCADE,
+    upload_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (conversation_id, upload_id)
+) WITHOUT ROWID;
+CREATE TABLE agent_checkpoints (
+    id TEXT PRIMARY KEY,
+    workflow_name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data_json TEXT NOT NULL
+);
+CREATE INDEX agent_checkpoints_workflow ON agent_checkpoints (workflow_name, created_at)
+"""
+
 # Append-only. Index i upgrades schema version i -> i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5)]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5), _sql(_V6),
+]  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

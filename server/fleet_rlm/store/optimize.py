@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.redaction import redact
+from fleet_rlm.store.rows import dumps, record
 
 if TYPE_CHECKING:
     from fleet_rlm.store.writer import Tx, Writer
@@ -26,21 +27,6 @@ _VERSION_COLUMNS = ("id", "base_id", "optimization_id", "dataset_id", "optimizer
 _OPT_COLUMNS = ("id", "lineage", "dataset_id", "optimizer", "metric", "base_version", "params_json", "version_id",
                 "scores_json", "created_at")  # fmt: skip
 _OPT_UPDATABLE = frozenset({"version_id", "scores_json"})
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
-
-
-def _record(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
-    """A row as a dict; ``*_json`` columns decoded under their name without the suffix."""
-    out: dict[str, Any] = {}
-    for name, value in zip(columns, row, strict=True):
-        if name.endswith("_json"):
-            out[name[:-5]] = json.loads(value) if value else None
-        else:
-            out[name] = value
-    return out
 
 
 class OptimizeTables:
@@ -60,7 +46,7 @@ class OptimizeTables:
         a list). ValueError when the name is taken."""
         values = [
             (dataset_id, r["idx"], r["split"], redact(r["question"]), redact(r.get("context_text")),
-             _dumps(r.get("context_paths") or []), redact(r["answer"]),
+             dumps(r.get("context_paths") or []), redact(r["answer"]),
              None if r.get("verdict") is None else int(bool(r["verdict"])), redact(r.get("comment")), r.get("run_id"))
             for r in rows
         ]  # fmt: skip
@@ -86,11 +72,11 @@ class OptimizeTables:
             f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets WHERE name = ? OR id = ? ORDER BY name = ? DESC",
             (name_or_id, name_or_id, name_or_id),
         )
-        return self._with_counts(_record(_DATASET_COLUMNS, rows[0])) if rows else None
+        return self._with_counts(record(_DATASET_COLUMNS, rows[0])) if rows else None
 
     def list_datasets(self) -> list[dict[str, Any]]:
         rows = self._read(f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets ORDER BY created_at DESC, name")
-        return [self._with_counts(_record(_DATASET_COLUMNS, r)) for r in rows]
+        return [self._with_counts(record(_DATASET_COLUMNS, r)) for r in rows]
 
     def _with_counts(self, dataset: dict[str, Any]) -> dict[str, Any]:
         counts = dict(
@@ -106,7 +92,7 @@ class OptimizeTables:
         )
         out = []
         for r in rows:
-            rec = _record(_ROW_COLUMNS, r)
+            rec = record(_ROW_COLUMNS, r)
             rec["verdict"] = None if rec["verdict"] is None else bool(rec["verdict"])
             out.append(rec)
         return out
@@ -128,8 +114,9 @@ class OptimizeTables:
     # -- program versions -----------------------------------------------------------------------
 
     def add_program_version(self, version: dict[str, Any]) -> None:
-        """Insert a version: ``_VERSION_COLUMNS``, the ``*_json`` ones under their bare names."""
-        values = [_dumps(version[c[:-5]]) if c.endswith("_json") else version.get(c) for c in _VERSION_COLUMNS]
+        """Insert a version: ``_VERSION_COLUMNS``, the ``*_json`` ones under their bare names. Its demos
+        quote replayed runs: masked like everything else, so no secret reaches a later prompt either."""
+        values = [dumps(redact(version[c[:-5]])) if c.endswith("_json") else version.get(c) for c in _VERSION_COLUMNS]
 
         def insert(tx: Tx) -> None:
             tx.conn.execute(
@@ -140,13 +127,13 @@ class OptimizeTables:
 
     def get_program_version(self, version_id: str) -> dict[str, Any] | None:
         rows = self._read(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM program_versions WHERE id = ?", (version_id,))
-        return _record(_VERSION_COLUMNS, rows[0]) if rows else None
+        return record(_VERSION_COLUMNS, rows[0]) if rows else None
 
     def list_program_versions(self) -> list[dict[str, Any]]:
         """Newest first, without their saved state (it can be large)."""
         columns = tuple(c for c in _VERSION_COLUMNS if c != "state_json")
         rows = self._read(f"SELECT {', '.join(columns)} FROM program_versions ORDER BY created_at DESC, id DESC")
-        return [_record(columns, r) for r in rows]
+        return [record(columns, r) for r in rows]
 
     def activate_program(self, version_id: str | None, action: str, reason: str | None) -> None:
         """Make ``version_id`` (None: the built-in program) the one new runs use; kept as history."""
@@ -172,7 +159,7 @@ class OptimizeTables:
     # -- optimizations --------------------------------------------------------------------------
 
     def create_optimization(self, opt: dict[str, Any]) -> None:
-        values = [_dumps(opt[c[:-5]]) if c.endswith("_json") else opt.get(c) for c in _OPT_COLUMNS]
+        values = [dumps(opt[c[:-5]]) if c.endswith("_json") else opt.get(c) for c in _OPT_COLUMNS]
 
         def insert(tx: Tx) -> None:
             tx.conn.execute(f"INSERT INTO optimizations ({', '.join(_OPT_COLUMNS)}) VALUES ({', '.join('?' * 10)})",
@@ -186,19 +173,19 @@ class OptimizeTables:
         bad = sorted(set(columns) - _OPT_UPDATABLE)
         if bad:
             raise ValueError(f"cannot update optimization field(s): {', '.join(bad)}")
-        params = [_dumps(v) if k.endswith("_json") else v for k, v in columns.items()]
+        params = [dumps(v) if k.endswith("_json") else v for k, v in columns.items()]
         sql = f"UPDATE optimizations SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?"
         self._writer.run(lambda tx: tx.conn.execute(sql, [*params, opt_id]))
 
     def get_optimization(self, opt_id: str) -> dict[str, Any] | None:
         rows = self._read(f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations WHERE id = ?", (opt_id,))
-        return _record(_OPT_COLUMNS, rows[0]) if rows else None
+        return record(_OPT_COLUMNS, rows[0]) if rows else None
 
     def list_optimizations(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self._read(
             f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
         )
-        return [_record(_OPT_COLUMNS, r) for r in rows]
+        return [record(_OPT_COLUMNS, r) for r in rows]
 
     # -- evaluation cache -----------------------------------------------------------------------
 
@@ -208,7 +195,7 @@ class OptimizeTables:
             f"SELECT {', '.join(keys)} FROM eval_cache WHERE lineage = ? AND program_hash = ? AND example_key = ?",
             (lineage, program_hash, example_key),
         )
-        return _record(keys, rows[0]) if rows else None
+        return record(keys, rows[0]) if rows else None
 
     def cache_eval(
         self,
@@ -222,7 +209,7 @@ class OptimizeTables:
         llm_calls: int,
         cost: float | None,
     ) -> None:
-        row = (lineage, program_hash, example_key, run_id, redact(answer), _dumps(redact(steps)), llm_calls, cost,
+        row = (lineage, program_hash, example_key, run_id, redact(answer), dumps(redact(steps)), llm_calls, cost,
                time.time())  # fmt: skip
 
         def insert(tx: Tx) -> None:

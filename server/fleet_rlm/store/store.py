@@ -39,8 +39,10 @@ from typing import Any, TypeVar
 
 from fleet_rlm.core.types import ACTIVE_STATUSES, EVENT_VERSION, RUN_FINISHED, STATUSES, Event, RunStatus
 from fleet_rlm.redaction import redact
+from fleet_rlm.store.agent import AgentTables
 from fleet_rlm.store.db import connect
 from fleet_rlm.store.optimize import OptimizeTables
+from fleet_rlm.store.rows import dumps
 from fleet_rlm.store.writer import Tx, Writer
 
 __all__ = ["ACTIVE_STATUSES", "EVENT_VERSION", "STATUSES", "RunRecord", "SessionRecord", "Store"]
@@ -95,11 +97,6 @@ _RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS.values()) + " FROM runs"
 _SESSION_SELECT = "SELECT id, name, created_at, last_used_at, closed_at, meta_json FROM sessions"
 _EVENT_COLUMNS = "run_id, seq, ts, kind, node, parent, depth, data_json"
 _EVENT_SELECT = f"SELECT {_EVENT_COLUMNS} FROM events"
-
-
-def _dumps(value: Any) -> str:
-    # default=str: an odd object in event data should degrade, not crash a run.
-    return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 def _check_status(status: str) -> None:
@@ -187,8 +184,9 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
     return SessionRecord(sid, name, created_at, last_used_at, closed_at, json.loads(meta_json or "{}"))
 
 
-class Store(OptimizeTables):
-    """Runs, events and sessions in one SQLite file (datasets and program versions: ``OptimizeTables``)."""
+class Store(OptimizeTables, AgentTables):
+    """Runs, events and sessions in one SQLite file (datasets and program versions: ``OptimizeTables``;
+    the workspace agent's conversations and approvals: ``AgentTables``)."""
 
     def __init__(self, path: Path, *, alive: Callable[[int, str | None], bool] = owner_alive) -> None:
         """``alive(pid, start)`` says whether a run's owner still runs (tests pass their own)."""
@@ -258,7 +256,7 @@ class Store(OptimizeTables):
         values = []
         for name in _RUN_COLUMNS:
             value = _redacted(name, getattr(rec, name))
-            values.append(_dumps(value) if name in _JSON_FIELDS else value)
+            values.append(dumps(value) if name in _JSON_FIELDS else value)
         sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS.values())}) VALUES ({', '.join('?' * len(values))})"
 
         def insert(tx: Tx) -> None:
@@ -282,7 +280,7 @@ class Store(OptimizeTables):
             _check_status(fields["status"])
         assignments = ", ".join(f"{_RUN_COLUMNS[name]} = ?" for name in fields)
         values = {name: _redacted(name, v) for name, v in fields.items()}
-        params = [_dumps(v) if name in _JSON_FIELDS else v for name, v in values.items()]
+        params = [dumps(v) if name in _JSON_FIELDS else v for name, v in values.items()]
 
         def update(tx: Tx) -> None:
             cur = tx.conn.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*params, run_id])
@@ -419,7 +417,7 @@ class Store(OptimizeTables):
             (seq,) = tx.conn.execute(
                 "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?", (run_id,)
             ).fetchone()
-        data_json = _dumps(redact(data))  # every event, whoever writes it, is masked here
+        data_json = dumps(redact(data))  # every event, whoever writes it, is masked here
         row = (run_id, seq, ts, kind, node, parent, depth, data_json)
         try:
             tx.conn.execute(f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
@@ -501,7 +499,7 @@ class Store(OptimizeTables):
                 tx.conn.execute(
                     "INSERT INTO sessions (id, name, created_at, last_used_at, closed_at, meta_json)"
                     " VALUES (?, ?, ?, ?, NULL, ?)",
-                    (rec.id, rec.name, rec.created_at, rec.last_used_at, _dumps(rec.meta)),
+                    (rec.id, rec.name, rec.created_at, rec.last_used_at, dumps(rec.meta)),
                 )
             except sqlite3.IntegrityError as exc:
                 raise ValueError(f"session {id!r} already exists") from exc

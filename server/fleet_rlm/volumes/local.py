@@ -112,6 +112,27 @@ class LocalVolumes:
             raise VolumeError(f"path {path!r} escapes volume {name!r}")
         return parts
 
+    @classmethod
+    def _write_parts(cls, name: str, path: str, roots: tuple[str, ...] | None) -> list[str]:
+        """``_parts`` of a file that may be written: not the root, and under one of ``roots`` if given."""
+        parts = cls._parts(name, path)
+        if not parts:
+            raise VolumeError(f"cannot write to the root of volume {name!r}; give a file path")
+        if roots is not None and (len(parts) < 2 or parts[0] not in roots):
+            allowed = ", ".join(f"{r}/" for r in roots) or "nothing"
+            raise VolumeError(f"cannot write {path!r} in volume {name!r}: writes are allowed only under {allowed}")
+        return parts
+
+    @classmethod
+    def _delete_parts(cls, name: str, path: str) -> list[str]:
+        """``_parts`` of an entry that may be deleted: neither the root nor a durable root."""
+        parts = cls._parts(name, path)
+        if not parts:
+            raise VolumeError(f"refusing to delete the root of volume {name!r}; use delete_volume")
+        if len(parts) == 1 and parts[0] in DURABLE_ROOTS:
+            raise VolumeError(f"refusing to delete durable folder {parts[0]!r} of volume {name!r}")
+        return parts
+
     def _root_fd(self, *, create: bool) -> int | None:
         """The volumes folder (host-created, opened with O_NOFOLLOW); None if it does not exist."""
         if create:
@@ -169,15 +190,18 @@ class LocalVolumes:
         with closing_fd(self._volume_fd(name)) as vol:
             return measure(self._contents(vol))
 
-    def list_volumes(self) -> list[dict[str, Any]]:
-        """Each volume's entry count and bytes, with its quota (``files`` counts every entry)."""
+    def names(self) -> list[str]:
+        """The volumes' names, sorted (without measuring them)."""
         root = self._root_fd(create=False)
         if root is None:
             return []
-        out = []
         with closing_fd(root), os.scandir(root) as entries:
-            names = sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
-        for name in names:
+            return sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+    def list_volumes(self) -> list[dict[str, Any]]:
+        """Each volume's entry count and bytes, with its quota (``files`` counts every entry)."""
+        out = []
+        for name in self.names():
             try:
                 used = self.usage(name)
             except VolumeError:
@@ -274,12 +298,7 @@ class LocalVolumes:
         (e.g. ``("memory", "artifacts")`` for writes coming from a model). A write that would take
         the volume over its quota is refused.
         """
-        parts = self._parts(name, path)
-        if not parts:
-            raise VolumeError(f"cannot write to the root of volume {name!r}; give a file path")
-        if roots is not None and (len(parts) < 2 or parts[0] not in roots):
-            allowed = ", ".join(f"{r}/" for r in roots) or "nothing"
-            raise VolumeError(f"cannot write {path!r} in volume {name!r}: writes are allowed only under {allowed}")
+        parts = self._write_parts(name, path, roots)
         rel = "/".join(parts)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         with closing_fd(self._volume_fd(name, create=True)) as vol:
@@ -337,11 +356,7 @@ class LocalVolumes:
 
         A link is removed itself; its target is never touched.
         """
-        parts = self._parts(name, path)
-        if not parts:
-            raise VolumeError(f"refusing to delete the root of volume {name!r}; use delete_volume")
-        if len(parts) == 1 and parts[0] in DURABLE_ROOTS:
-            raise VolumeError(f"refusing to delete durable folder {parts[0]!r} of volume {name!r}")
+        parts = self._delete_parts(name, path)
         rel, final = "/".join(parts), parts[-1]
         with self._folder(name, parts[:-1]) as parent:
             try:

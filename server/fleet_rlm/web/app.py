@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from fleet_rlm.http_auth import Guard, check_bind
-from fleet_rlm.web import errors, runs, settings, static, system, volumes
+from fleet_rlm.web import errors, optimize, routes_agent, runs, settings, static, system, volumes
 from fleet_rlm.web.api import Endpoint, to_route
 from fleet_rlm.web.openapi import document
 from fleet_rlm.web.security import HostCheck, SecurityHeaders
@@ -33,7 +33,8 @@ SSE_PING_SECONDS = 15.0
 
 def endpoints() -> tuple[Endpoint, ...]:
     """Every JSON API endpoint, by area."""
-    return (*runs.routes.endpoints, *volumes.routes.endpoints, *settings.routes.endpoints, *system.routes.endpoints)
+    return (*runs.routes.endpoints, *volumes.routes.endpoints, *settings.routes.endpoints, *system.routes.endpoints,
+            *optimize.routes.endpoints, *routes_agent.routes.endpoints)  # fmt: skip
 
 
 def _open_path(path: str) -> bool:

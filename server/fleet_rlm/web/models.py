@@ -18,12 +18,14 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_OFFSET = 2**62  # SQLite integers and file offsets are 64-bit: a bigger one is a 400, not a crash
+
 # -- runs ---------------------------------------------------------------------------------------
 
 
 class RunsQuery(BaseModel):
     limit: int = Field(50, ge=1, le=500)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET)
     status: RunStatus | None = None
     q: str | None = Field(None, max_length=1000, description="Only runs whose question contains this.")
     session_id: str | None = Field(None, max_length=200)
@@ -66,7 +68,7 @@ class TraceQuery(BaseModel):
     node: str = Field("root", max_length=200)
     step: int | None = Field(None, ge=0)
     detail: Literal["summary", "full"] = "summary"
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET)
     limit: int = Field(20, ge=1, le=500)
 
 
@@ -148,7 +150,7 @@ class FilesQuery(BaseModel):
 
 class TextQuery(BaseModel):
     path: str = Field(min_length=1, max_length=4096)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=MAX_OFFSET)
     length: int = Field(65536, ge=1, le=8 * 1024 * 1024)
 
 

@@ -11,11 +11,9 @@ Authentication (token, cookie) is ``fleet_rlm.http_auth.Guard``.
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fleet_rlm.http_auth import is_loopback
+from fleet_rlm.http_auth import is_loopback, send_json
 
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -71,10 +69,7 @@ class HostCheck:
 
 
 async def _refuse(send: Send, status: int, kind: str, message: str) -> None:
-    body = json.dumps({"error": kind, "message": message}).encode()
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": head})
-    await send({"type": "http.response.body", "body": body})
+    await send_json(send, status, {"error": kind, "message": message}, [])
 
 
 class SecurityHeaders:

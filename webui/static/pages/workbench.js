@@ -4,9 +4,10 @@
 import { api, followRun, upload } from "../api.js";
 import { badge, errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
 import { TraceModel, TraceTree, answerBlock } from "../trace.js";
+import { renderChat } from "./chat.js";
 
 // Survives leaving the page: the session and its turns are shown again (replayed) on return.
-const state = { sessionId: null, turns: [] };
+const state = { sessionId: null, turns: [], mode: "run" };
 
 const LIMITS = [
   ["max_iters", "Steps per RLM", "1"],
@@ -122,7 +123,8 @@ function turnView(turn) {
   return { el, close: () => follower.close() };
 }
 
-export function renderWorkbench(main) {
+/** Run mode: one question over inputs, its trace streaming in. */
+function renderRunMode(main) {
   const views = [];
   const question = h("textarea", { rows: "3", required: true, placeholder: "What do you want to know about the inputs?" });
   const pasted = h("textarea", { rows: "3", placeholder: "Optional: paste text to use as context" });
@@ -222,7 +224,7 @@ export function renderWorkbench(main) {
     }
   });
 
-  replace(main, h("h1", { id: "wb-title" }, "Workbench"), h("div", { class: "workbench" }, form, turns));
+  replace(main, h("div", { class: "workbench" }, form, turns));
   for (const turn of state.turns) {
     const view = turnView(turn);
     views.push(view);
@@ -230,4 +232,24 @@ export function renderWorkbench(main) {
   }
   showSession();
   return () => { for (const v of views) v.close(); };
+}
+
+/** The page: Run mode (above) or Chat mode (pages/chat.js: the workspace agent), switched by tabs. */
+export function renderWorkbench(main) {
+  let cleanup = null;
+  const body = h("div", { id: "wb-mode", role: "tabpanel" });
+  const tabs = Object.fromEntries([["run", "Run"], ["chat", "Chat"]].map(([mode, label]) => [mode,
+    h("button", { type: "button", role: "tab", class: "ghost small", id: `wb-tab-${mode}`, "aria-controls": "wb-mode",
+      onclick: () => show(mode) }, label)]));
+  const show = (mode) => {
+    if (typeof cleanup === "function") cleanup();
+    state.mode = mode;
+    for (const [name, tab] of Object.entries(tabs)) tab.setAttribute("aria-selected", String(name === mode));
+    body.setAttribute("aria-labelledby", `wb-tab-${mode}`);
+    cleanup = (mode === "chat" ? renderChat : renderRunMode)(body);
+  };
+  replace(main, h("h1", { id: "wb-title" }, "Workbench"),
+    h("div", { role: "tablist", class: "mode-tabs", "aria-label": "Workbench mode" }, Object.values(tabs)), body);
+  show(state.mode);
+  return () => { if (typeof cleanup === "function") cleanup(); };
 }

@@ -1,0 +1,288 @@
+"""The agent's tools: each calls the Engine or the workspace (never a face), built per turn over a
+``TurnContext`` (the conversation, the turn, and where live events go).
+
+Read-only tools run at once. Tools with side effects or network access are ``always_require``: the turn
+pauses for an approval before they run (``approvals``). Errors written for people come back to the model
+as the tool's result, so it can say what went wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+from agent_framework import FunctionTool, tool
+from pydantic import Field
+
+from fleet_rlm.core.errors import FleetError, UserError
+from fleet_rlm.core.progress import ProgressTracker
+from fleet_rlm.volumes import parse_volume_ref
+
+if TYPE_CHECKING:
+    from fleet_rlm.core.engine import Engine
+
+Emit = Callable[[dict[str, Any]], None]
+READ_CHARS = 20_000  # of a volume file per call: the model reads big files with an RLM run instead
+TRACE_CHARS = 12_000
+MEMORY_MAX_BYTES = 1024 * 1024
+PROGRESS_SECONDS = 0.5
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MCP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+@dataclass
+class TurnContext:
+    engine: Engine
+    conversation: dict[str, Any]
+    turn_id: str
+    emit: Emit
+    runs: list[str] = field(default_factory=list)
+
+    @property
+    def store(self) -> Any:
+        return self.engine.workspace.store
+
+    def volume(self, given: str | None) -> str:
+        name = given or self.conversation["volume"]
+        self.engine.volumes.check_name(name)
+        return name
+
+
+def _friendly(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
+    """A FleetError becomes the tool's result, so the model reads what went wrong and the fix."""
+
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> str:
+        try:
+            return await fn(*args, **kwargs)
+        except FleetError as exc:
+            return f"Error: {exc.message}"
+
+    return call
+
+
+def _dump(value: Any, limit: int) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+def build_tools(tc: TurnContext) -> list[FunctionTool]:
+    """Every tool of the agent, bound to this turn."""
+    engine, ws = tc.engine, tc.engine.workspace
+
+    @tool(
+        name="rlm_run",
+        approval_mode="always_require",
+        description="Answer a question over large inputs with a recursive language model (RLM): it reads the "
+        "conversation's attached files and the volume paths you give in a sandboxed Python REPL and returns one "
+        "answer. Use it whenever the answer depends on file contents. Runs of one conversation share a REPL. "
+        "Runs without a cost cap, or with one above the user's threshold, wait for the user's approval.",
+    )
+    @_friendly
+    async def rlm_run(
+        question: Annotated[str, Field(description="The question, stated fully: the run sees nothing of this chat.")],
+        volume_paths: Annotated[
+            list[str] | None, Field(description="Extra inputs: 'vol:NAME/PATH' references.")
+        ] = None,
+        include_attachments: Annotated[bool, Field(description="Read the files attached to this conversation.")] = True,
+        context_text: Annotated[str | None, Field(description="Text to work over that is in no file.")] = None,
+        max_cost: Annotated[float | None, Field(description="Cost cap in USD for the run.")] = None,
+    ) -> str:
+        from fleet_rlm.core import uploads
+        from fleet_rlm.core.types import RunRequest
+
+        paths = list(volume_paths or [])
+        bad = [p for p in paths if parse_volume_ref(p) is None]
+        if bad:
+            raise UserError(f"only volume paths ('vol:NAME/PATH') can be read, not {', '.join(bad)}")
+        upload_ids = (
+            [a["upload_id"] for a in tc.store.attachments(tc.conversation["id"])] if include_attachments else []
+        )
+        if not paths and not upload_ids and not context_text:
+            raise UserError("nothing to read: attach a file, give volume_paths, or pass context_text")
+        request = RunRequest(
+            question,
+            context_paths=paths,
+            context_text=[context_text] if context_text else [],
+            session_id=tc.conversation["session_id"],
+            max_cost=max_cost,
+        )
+        run_id = await uploads.start_run(engine, request, upload_ids)
+        tc.runs.append(run_id)
+        await tc.store.write(tc.store.link_run, tc.conversation["id"], run_id, tc.turn_id)
+        tc.emit({"kind": "run.started", "run_id": run_id})
+        finished = False
+        try:
+            await _follow(engine, run_id, tc.emit)
+            result = await engine.wait(run_id)
+            finished = True
+        finally:
+            if not finished:  # the turn was stopped: so is its run
+                await engine.cancel(run_id)
+        tc.emit({"kind": "run.finished", "run_id": run_id, "status": result.status})
+        return json.dumps(
+            {
+                "run_id": run_id,
+                "status": result.status,
+                "answer": result.answer,
+                "error": result.error,
+                "stop_reason": result.stop_reason,
+            },
+            ensure_ascii=False,
+        )
+
+    @tool(name="list_runs", description="Recent RLM runs, newest first: id, status, question and answer previews.")
+    @_friendly
+    async def list_runs(limit: Annotated[int, Field(ge=1, le=50, description="How many runs.")] = 10) -> str:
+        return _dump(ws.list_runs(limit=limit).model_dump(mode="json"), TRACE_CHARS)
+
+    @tool(
+        name="inspect_trace",
+        description="How a run found its answer: its steps (code, output, sub-queries) page by page, or one step "
+        "in full.",
+    )
+    @_friendly
+    async def inspect_trace(
+        run_id: Annotated[str, Field(description="A run id.")],
+        step: Annotated[int | None, Field(description="One step in full (1-based); unset: the list.")] = None,
+    ) -> str:
+        view = ws.trace_page(run_id, step=step, detail="full" if step else "summary")
+        return _dump(view.model_dump(mode="json"), TRACE_CHARS)
+
+    @tool(
+        name="read_volume_file",
+        description="Read a text file of a volume (memory/ notes, buffers/ pulled-in context, artifacts/ results). "
+        f"Returns up to {READ_CHARS} characters from offset; for big files ask rlm_run instead.",
+    )
+    @_friendly
+    async def read_volume_file(
+        path: Annotated[str, Field(description="Path inside the volume, e.g. 'memory/notes.md'.")],
+        volume: Annotated[str | None, Field(description="Volume name; unset: the conversation's volume.")] = None,
+        offset: Annotated[int, Field(ge=0, description="Byte offset to start at.")] = 0,
+    ) -> str:
+        name = tc.volume(volume)
+        if not path.strip("/"):
+            return _dump(ws.files(name, "", recursive=True, limit=200).model_dump(mode="json"), TRACE_CHARS)
+        view = ws.text(name, path, offset=offset, length=READ_CHARS)
+        return _dump(view.model_dump(mode="json"), READ_CHARS + 2000)
+
+    @tool(
+        name="write_memory",
+        approval_mode="always_require",
+        description="Write (or append to) a note in the memory/ folder of a volume, kept across conversations. "
+        "Waits for the user's approval.",
+    )
+    @_friendly
+    async def write_memory(
+        path: Annotated[str, Field(description="Path under memory/, e.g. 'project.md'.")],
+        text: Annotated[str, Field(description="The text to write.")],
+        append: Annotated[bool, Field(description="Append instead of replacing the file.")] = False,
+        volume: Annotated[str | None, Field(description="Volume name; unset: the conversation's volume.")] = None,
+    ) -> str:
+        name = tc.volume(volume)
+        rel = "memory/" + path.strip().lstrip("/").removeprefix("memory/")
+        data = text.encode()
+        if append:
+            with contextlib.suppress(FleetError):  # a new file: nothing to append to
+                data = engine.volumes.read(name, rel, 0, MEMORY_MAX_BYTES) + data
+        if len(data) > MEMORY_MAX_BYTES:
+            raise UserError(f"a memory note is limited to {MEMORY_MAX_BYTES // 1024} KB: write a shorter one")
+        entry = engine.volumes.write(name, rel, data, roots=("memory",))
+        return f"wrote {entry['size']} bytes to vol:{name}/{rel}"
+
+    @tool(
+        name="add_context_from_url",
+        approval_mode="always_require",
+        description="Fetch a public web page as text into buffers/ of a volume, to read it with rlm_run "
+        "('vol:NAME/buffers/...'). Waits for the user's approval.",
+    )
+    @_friendly
+    async def add_context_from_url(
+        url: Annotated[str, Field(description="An http(s) URL.")],
+        name: Annotated[str | None, Field(description="File name under buffers/; unset: from the URL.")] = None,
+        volume: Annotated[str | None, Field(description="Volume name; unset: the conversation's volume.")] = None,
+    ) -> str:
+        from fleet_rlm.agent.fetch import fetch_text
+
+        vol = tc.volume(volume)
+        text, final = await fetch_text(url, engine.settings)
+        file = _file_name(name or final, ".txt")
+        entry = engine.volumes.write(vol, f"buffers/{file}", text, roots=("buffers",))
+        return f"saved {entry['size']} bytes of text from {final} as vol:{vol}/buffers/{file}"
+
+    @tool(
+        name="add_context_from_repo",
+        approval_mode="always_require",
+        description="Clone a git repository (http/https) at a branch or tag into buffers/ of a volume, to read it "
+        "with rlm_run ('vol:NAME/buffers/NAME/'). Size-limited, no submodules. Waits for the user's approval.",
+    )
+    @_friendly
+    async def add_context_from_repo(
+        url: Annotated[str, Field(description="The repository URL, http(s).")],
+        ref: Annotated[str | None, Field(description="Branch or tag; unset: the default branch.")] = None,
+        name: Annotated[str | None, Field(description="Folder name under buffers/; unset: from the URL.")] = None,
+        volume: Annotated[str | None, Field(description="Volume name; unset: the conversation's volume.")] = None,
+    ) -> str:
+        from fleet_rlm.agent.repo import add_repo
+
+        vol = tc.volume(volume)
+        folder = _file_name(name or url.rstrip("/").removesuffix(".git"), "")
+        copied = await add_repo(url, ref, engine.settings, engine.volumes, vol, f"buffers/{folder}")
+        skipped = f"; skipped {len(copied.skipped)} (links, special files or past the limit)" if copied.skipped else ""
+        return f"copied {copied.files} files ({copied.bytes} bytes) to vol:{vol}/buffers/{folder}/{skipped}"
+
+    @tool(
+        name="add_mcp_server",
+        approval_mode="always_require",
+        description="Add one of the user's MCP servers (a local command speaking MCP over stdio) as tools for "
+        "the rest of this conversation. The user sees the exact command and must approve it.",
+    )
+    @_friendly
+    async def add_mcp_server(
+        name: Annotated[str, Field(description="A short name: letters, digits, '_' or '-'.")],
+        command: Annotated[str, Field(description="The program to run.")],
+        args: Annotated[list[str] | None, Field(description="Its arguments.")] = None,
+    ) -> str:
+        if not MCP_NAME.fullmatch(name):
+            raise UserError(f"MCP server name {name!r}: use letters, digits, '_' or '-', starting with a letter")
+        servers = [s for s in tc.conversation.get("mcp_servers") or [] if s["name"] != name]
+        servers.append({"name": name, "command": command, "args": list(args or []), "added_at": time.time()})
+        await tc.store.write(tc.store.set_mcp_servers, tc.conversation["id"], servers)
+        tc.conversation["mcp_servers"] = servers
+        return f"added MCP server '{name}': its tools are available from your next step on"
+
+    return [
+        rlm_run,
+        list_runs,
+        inspect_trace,
+        read_volume_file,
+        write_memory,
+        add_context_from_url,
+        add_context_from_repo,
+        add_mcp_server,
+    ]
+
+
+def _file_name(source: str, suffix: str) -> str:
+    """A safe single file or folder name from a URL or a given name."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", source.split("://")[-1].split("?")[0].strip("/")).strip("-.")[-60:]
+    base = base.lstrip("-.") or "page"
+    return base if not suffix or base.endswith(suffix) else base + suffix
+
+
+async def _follow(engine: Engine, run_id: str, emit: Emit) -> None:
+    """Relay the run's progress lines into the conversation, at most one per interval (and the last)."""
+    tracker, last = ProgressTracker(), 0.0
+    async with contextlib.aclosing(engine.subscribe(run_id)) as events:
+        async for event in events:
+            line = tracker.feed(event)
+            now = time.monotonic()
+            if line is not None and (now - last >= PROGRESS_SECONDS or event["kind"] == "run.finished"):
+                last = now
+                emit({"kind": "run.progress", "run_id": run_id, "message": line})

@@ -1,0 +1,251 @@
+"""``dataset``, ``optimize`` and ``programs``: datasets of judged questions, optimizations of the
+RLM program over them, and the program versions they yield (docs/optimization.md).
+
+Only ``optimize`` opens the Engine (it replays rows as runs); the others read and write the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from fleet_rlm.cli.common import limit_overrides, print_json, settings_for
+from fleet_rlm.cli.progress import LiveLine
+from fleet_rlm.core.errors import UserError
+
+
+def _workspace() -> Any:
+    from fleet_rlm.config import load_settings
+    from fleet_rlm.core.workspace import Workspace
+
+    return Workspace.open(load_settings())
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(mode="json")
+
+
+# -- dataset ------------------------------------------------------------------------------------
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    return {"import": _dataset_import, "export": _dataset_export, "ls": _dataset_ls, "show": _dataset_show}[
+        args.action
+    ](args)
+
+
+def _dataset_import(args: argparse.Namespace) -> int:
+    from fleet_rlm.optimize import datasets
+    from fleet_rlm.optimize.views import DatasetDetail
+
+    if bool(args.file) == bool(args.feedback):
+        raise UserError("give a JSONL file (or - for stdin) or --feedback (runs people judged), not both")
+    skipped: list[str] = []
+    if args.feedback:
+        with _workspace() as ws:
+            rows, skipped = datasets.rows_from_feedback(ws.store)
+        source = "feedback"
+        if not rows:
+            raise UserError("no judged run can be replayed: mark answers right or wrong first"
+                            + (f" ({'; '.join(skipped[:3])})" if skipped else ""))  # fmt: skip
+    elif args.file == "-":
+        rows, source = datasets.parse_jsonl(sys.stdin, Path.cwd()), "jsonl"
+    else:
+        path = Path(args.file).expanduser()
+        if not path.is_file():
+            raise UserError(f"'{args.file}' is not a file: give a JSONL file, one JSON object per line")
+        with path.open(encoding="utf-8") as lines:
+            rows, source = datasets.parse_jsonl(lines, path.resolve().parent), "jsonl"
+
+    async def save() -> dict[str, Any]:
+        with _workspace() as ws:
+            made = await datasets.create(ws.store, args.name, rows, source=source, holdout=args.holdout, seed=args.seed)
+            return {**made, "rows": ws.store.dataset_rows(made["id"])}
+
+    made = asyncio.run(save())
+    if args.json:
+        print_json(_dump(DatasetDetail(**made, skipped=skipped)))
+    else:
+        print(f"dataset {made['name']}: {made['train']} train and {made['holdout']} holdout rows")
+        for reason in skipped:
+            print(f"skipped {reason}", file=sys.stderr)
+    return 0
+
+
+def _dataset_export(args: argparse.Namespace) -> int:
+    from fleet_rlm.optimize import datasets
+
+    with _workspace() as ws:
+        for line in datasets.export_lines(ws.store, args.name):
+            sys.stdout.write(line)
+    return 0
+
+
+def _dataset_ls(args: argparse.Namespace) -> int:
+    from fleet_rlm.optimize.views import DatasetInfo
+
+    with _workspace() as ws:
+        found = [DatasetInfo(**d) for d in ws.store.list_datasets()]
+    if args.json:
+        print_json([_dump(d) for d in found])
+        return 0
+    if not found:
+        print("no datasets yet: `fleet-rlm dataset import FILE --name NAME` (or --feedback)")
+    for d in found:
+        print(f"{d.name:<24} {d.train:>5} train {d.holdout:>5} holdout  {d.source}")
+    return 0
+
+
+def _dataset_show(args: argparse.Namespace) -> int:
+    from fleet_rlm.optimize import datasets
+    from fleet_rlm.optimize.views import DatasetDetail
+
+    with _workspace() as ws:
+        found = datasets.require(ws.store, args.name)
+        detail = DatasetDetail(**found, rows=ws.store.dataset_rows(found["id"]))
+    if args.json:
+        print_json(_dump(detail))
+        return 0
+    print(f"dataset {detail.name} ({detail.source}): {detail.train} train, {detail.holdout} holdout")
+    for row in detail.rows:
+        context = row.context_text if row.context_text is not None else ", ".join(row.context_paths) or "(none)"
+        print(f"{row.idx:>4} {row.split:<7} {row.question[:60]!r} -> {row.answer[:40]!r}  context: {context[:40]!r}")
+    return 0
+
+
+# -- optimize -----------------------------------------------------------------------------------
+
+
+class OptimizeProgress(LiveLine):
+    """The progress view on stderr: trial, candidate, evaluations, scores (a live line on a TTY)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.started = time.monotonic()
+        self.trial, self.candidate, self.evaluations, self.cached, self.calls = 0, "", 0, 0, 0
+        self.best: dict[int, list[float]] = {}
+
+    def __rich__(self) -> Text:
+        means = [sum(s) / len(s) for s in self.best.values() if s]
+        best = f" · best mean {max(means):.2f}" if means else ""
+        return Text(f"trial {self.trial} · candidate {self.candidate or '-'} · {self.evaluations} evaluations "
+                    f"({self.cached} cached){best} · {self.calls} model calls · "
+                    f"{time.monotonic() - self.started:.0f}s", style="cyan")  # fmt: skip
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind, data = event["kind"], event["data"]
+        if kind == "optimize.eval":
+            if data["trial"] != self.trial and not self.live:
+                self.console.print(f"trial {data['trial']}: candidate {data['candidate']}")
+            self.trial, self.candidate = data["trial"], data["candidate"]
+            self.evaluations, self.cached, self.calls = data["evaluations"], self.cached + data["cached"], data[
+                "llm_calls"]  # fmt: skip
+            self.best.setdefault(data["trial"], []).append(data["score"])
+        elif kind == "optimize.scored":
+            self.console.print(f"{data['program']}: {data['split']} score {data['score']:.3f} ({data['n']} rows)")
+        elif kind == "optimize.started":
+            est = data["estimate"]
+            cost = f", at most {est['cost']:g} USD" if est.get("cost") is not None else ""
+            cap = f"; capped at {est['max_llm_calls']} calls" if est.get("max_llm_calls") else ""
+            self.console.print(f"optimizing with {data['optimizer']} on {data['dataset']} ({data['train']} train, "
+                               f"{data['holdout']} holdout): up to {est['evaluations']} replays, at most "
+                               f"{est['llm_calls']:,} model calls{cost}{cap}")  # fmt: skip
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from fleet_rlm.core.engine import Engine
+    from fleet_rlm.optimize import runner
+
+    req = runner.OptimizeRequest(
+        dataset=args.dataset or "", optimizer=args.optimizer or "", metric=args.metric, base_version=args.base,
+        trials=args.trials, max_llm_calls=args.max_calls, max_cost=args.max_total_cost, resume=args.resume,
+        limits={k: v for k, v in limit_overrides(args).items() if v is not None},
+    )  # fmt: skip
+    if not args.resume and not (args.dataset and args.optimizer):
+        raise UserError("give --dataset NAME and --optimizer gepa|mipro|bootstrap (or --resume ID)")
+    console = Console(stderr=True, highlight=False)
+
+    async def go() -> tuple[Any, Any]:
+        async with Engine(settings_for(args)) as engine:
+            opt_id, guess = await runner.start(engine, req)
+            try:
+                with OptimizeProgress(console) as progress:
+                    async for event in engine.subscribe(opt_id):
+                        progress.feed(event)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                await engine.cancel(opt_id)
+                raise
+            return runner.state(engine.workspace.store, opt_id), guess
+
+    final, guess = asyncio.run(go())
+    if args.json:
+        scores = final.scores
+        print_json({
+            "optimization_id": final.id, "status": final.status, "version_id": final.version_id,
+            "scores": {"before": {"train": scores.train_before, "holdout": scores.holdout_before},
+                       "after": {"train": scores.train_after, "holdout": scores.holdout_after}},
+            "gate": final.gate, "evaluations": final.evaluations, "cached": final.cached,
+            "estimate": _dump(guess), "error": final.error,
+        })  # fmt: skip
+    else:
+        if final.version_id:
+            print(final.version_id)
+        s = final.scores
+        console.print(f"[{final.status} · optimization {final.id} · train {_f(s.train_before)} -> {_f(s.train_after)}"
+                      f" · holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)} · {final.evaluations} evaluations "
+                      f"({final.cached} cached)]")  # fmt: skip
+        if final.version_id:
+            passed = final.gate.get("passed")
+            console.print(f"promotion gate: {'passes' if passed else 'fails'} ({final.gate.get('reason')}); "
+                          f"`fleet-rlm programs promote {final.version_id}`")  # fmt: skip
+        if final.error:
+            console.print(f"error: {final.error}")
+    return {"succeeded": 0, "cancelled": 130}.get(final.status, 1)
+
+
+def _f(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+# -- programs -----------------------------------------------------------------------------------
+
+
+def cmd_programs(args: argparse.Namespace) -> int:
+    from fleet_rlm.optimize import versions
+
+    with _workspace() as ws:
+        store = ws.store
+        if args.action == "ls":
+            listing = versions.list_versions(store)
+            if args.json:
+                print_json(_dump(listing))
+                return 0
+            print(f"active: {listing.active}")
+            for v in listing.versions:
+                s = v.scores
+                print(f"{'*' if v.active else ' '} {v.id}  {v.optimizer:<9} {v.metric:<10} train {_f(s.train_before)}"
+                      f" -> {_f(s.train_after)}  holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)}")  # fmt: skip
+            return 0
+        if args.action == "show":
+            print_json(_dump(versions.show(store, args.version)))
+            return 0
+        if args.action == "compare":
+            print_json(_dump(versions.compare(store, args.a, args.b)))
+            return 0
+        if args.action == "promote":
+            shown = asyncio.run(versions.promote(store, args.version, override=args.override, tolerance=args.tolerance))
+            result = {"active": shown.id, "override": bool(args.override)}
+        else:
+            result = {"active": asyncio.run(versions.rollback(store))}
+    if args.json:
+        print_json(result)
+    else:
+        print(f"active program: {result['active']}")
+    return 0

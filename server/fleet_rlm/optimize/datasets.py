@@ -1,0 +1,169 @@
+"""Datasets for optimization: rows of (question, context, expected answer) with a train/holdout split.
+
+Built from runs people judged (their feedback) or imported from JSON lines, one object a line::
+
+    {"question": "...", "context": "pasted text" | "context_path": "file or folder" | [...], "answer": "..."}
+
+The split is drawn once, at import, from a seeded shuffle, and stored with the rows: every
+optimization of a dataset trains and checks on the same rows. Rows replay through the engine as
+new runs, so a context path must still exist when an optimization runs (a run's uploads are kept
+while the run is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleet_rlm.core.errors import Conflict, NotFound, UserError
+
+if TYPE_CHECKING:
+    from fleet_rlm.store import Store
+
+DEFAULT_HOLDOUT = 0.2
+MAX_ROWS = 100_000
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def check_name(name: str) -> str:
+    if not name or len(name) > 64 or not set(name) <= NAME_CHARS or name[0] in ".-":
+        raise UserError(f"dataset name {name!r}: use 1-64 letters, digits, '_', '.' or '-' (not first)")
+    return name
+
+
+def example_key(question: str, context_text: str | None, context_paths: list[str]) -> str:
+    """A row's identity for the evaluation cache: its inputs, hashed."""
+    blob = json.dumps([question, context_text, context_paths], ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def split_rows(rows: list[dict[str, Any]], holdout: float, seed: int) -> list[dict[str, Any]]:
+    """Number the rows and mark a seeded-random ``holdout`` fraction of them (at least one row when
+    there are two or more and the fraction is above 0; never all of them). Rows that all say their
+    split (an exported dataset imported again) keep it."""
+    if not 0 <= holdout < 1:
+        raise UserError(f"holdout must be at least 0 and below 1, not {holdout}")
+    if rows and all(r.get("split") in ("train", "holdout") for r in rows):
+        return [{**row, "idx": i} for i, row in enumerate(rows)]
+    n = len(rows)
+    count = min(n - 1, max(1, round(n * holdout))) if holdout > 0 and n >= 2 else 0
+    held = set(random.Random(seed).sample(range(n), count))
+    return [{**row, "idx": i, "split": "holdout" if i in held else "train"} for i, row in enumerate(rows)]
+
+
+def parse_jsonl(lines: Iterable[str], base: Path | None = None) -> list[dict[str, Any]]:
+    """Rows from JSON lines; a bad line fails the import, naming the line and the fix. Relative
+    context paths are taken from ``base`` (the file's folder)."""
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"line {number}: not valid JSON ({exc.msg})") from None
+        rows.append(_row(item, number, base))
+        if len(rows) > MAX_ROWS:
+            raise UserError(f"more than {MAX_ROWS:,} rows: split the file")
+    if not rows:
+        raise UserError("no rows: give one JSON object per line with question, answer and context or context_path")
+    return rows
+
+
+def _row(item: Any, number: int, base: Path | None) -> dict[str, Any]:
+    where = f"line {number}"
+    if not isinstance(item, dict):
+        raise UserError(f"{where}: expected a JSON object with question, answer and context or context_path")
+    unknown = sorted(set(item) - {"question", "answer", "context", "context_path", "split", "verdict", "comment",
+                                  "run_id"})  # fmt: skip
+    if unknown:
+        raise UserError(f"{where}: unknown field(s) {', '.join(unknown)}")
+    question, answer = item.get("question"), item.get("answer")
+    if not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: 'question' must be a non-empty string")
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        raise UserError(f"{where}: 'answer' (the expected answer) must be a non-empty string")
+    context, paths = item.get("context"), item.get("context_path") or []
+    if context is not None and not isinstance(context, str):
+        raise UserError(f"{where}: 'context' must be a string (the text itself)")
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise UserError(f"{where}: 'context_path' must be a path or a list of paths")
+    resolved = [p if p.startswith("vol:") or base is None else str((base / p).expanduser()) for p in paths]
+    for path in resolved:
+        if not path.startswith("vol:") and not Path(path).exists():
+            raise UserError(f"{where}: context_path '{path}' does not exist")
+    return {"question": question, "context_text": context, "context_paths": resolved, "answer": answer,
+            "split": item.get("split"), "verdict": item.get("verdict"), "comment": item.get("comment"),
+            "run_id": item.get("run_id")}  # fmt: skip
+
+
+def rows_from_feedback(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows from judged runs (each run's newest feedback), and why some runs were left out.
+
+    Right answers are the expected answer unless the person gave another; a wrong answer counts only
+    with the right one given. Pasted text is not kept with a run, so such runs cannot be replayed."""
+    rows, skipped = [], []
+    for run in store.judged_runs():
+        request = run["request"]
+        expected = run["expected"] or (run["answer"] if run["correct"] else None)
+        if request.get("context_text"):
+            skipped.append(f"{run['run_id']}: its context was pasted text, which is not kept; use a file")
+        elif request.get("session_id"):
+            skipped.append(f"{run['run_id']}: it continued a session, so its REPL state cannot be replayed")
+        elif not expected:
+            skipped.append(f"{run['run_id']}: marked wrong without the right answer; add the expected answer")
+        else:
+            rows.append({"question": run["question"], "context_text": None,
+                         "context_paths": list(request.get("context_paths") or []), "answer": expected,
+                         "verdict": run["correct"], "comment": run["comment"], "run_id": run["run_id"]})  # fmt: skip
+    return rows, skipped
+
+
+async def create(
+    store: Store, name: str, rows: list[dict[str, Any]], *, source: str, holdout: float = DEFAULT_HOLDOUT, seed: int = 0
+) -> dict[str, Any]:
+    """Store a dataset and its split; Conflict when the name is taken."""
+    check_name(name)
+    if not rows:
+        raise UserError("no rows to make a dataset of")
+    dataset_id = f"d{int(time.time() * 1000):x}{secrets.token_hex(3)}"
+    try:
+        await store.write(
+            store.create_dataset, dataset_id, name, source, holdout, seed, split_rows(rows, holdout, seed)
+        )
+    except ValueError as exc:
+        raise Conflict(f"{exc}: choose another --name") from None
+    return require(store, name)
+
+
+def require(store: Store, name: str) -> dict[str, Any]:
+    dataset = store.get_dataset(name)
+    if dataset is None:
+        raise NotFound(f"no dataset '{name}': list them with `fleet-rlm dataset ls`, import one with "
+                       "`fleet-rlm dataset import FILE --name NAME`")  # fmt: skip
+    return dataset
+
+
+def export_lines(store: Store, name: str) -> Iterator[str]:
+    """The dataset as JSON lines in the import format (plus split, verdict, comment, run_id)."""
+    dataset = require(store, name)
+    for row in store.dataset_rows(dataset["id"]):
+        item: dict[str, Any] = {"question": row["question"], "answer": row["answer"]}
+        if row["context_text"] is not None:
+            item["context"] = row["context_text"]
+        paths = row["context_paths"] or []
+        if paths:
+            item["context_path"] = paths[0] if len(paths) == 1 else paths
+        item["split"] = row["split"]
+        item.update({k: row[k] for k in ("verdict", "comment", "run_id") if row[k] is not None})
+        yield json.dumps(item, ensure_ascii=False) + "\n"

@@ -1,0 +1,490 @@
+"""The workspace agent's tables: conversations, turns, messages, approvals with their audit log, the runs
+and uploads of a conversation, and the workflows' checkpoints (schema: ``store/db.py``, migration 6).
+
+A mixin of ``Store``: every write runs on the store's one writer thread (``self._writer.run``), reads use
+its read connection (``self._read``). Decisions that must happen once are single conditional UPDATEs in
+one transaction (an approval is decided once, a paused turn is resumed by one process, an approved call
+runs once), so two faces, or two processes, answering the same approval cannot both win. Free text a
+person or a model wrote is masked by ``redact`` on the way in; checkpoints are the framework's encoded
+state and are deleted when their turn ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fleet_rlm.redaction import redact
+from fleet_rlm.store.rows import dumps, record
+
+if TYPE_CHECKING:
+    from fleet_rlm.store.writer import Tx, Writer
+
+ACTIVE_TURNS = ("running", "paused")
+_CONV = ("id", "title", "session_id", "volume", "grants_json", "mcp_servers_json", "created_at", "updated_at")
+_TURN = (
+    "id",
+    "conversation_id",
+    "status",
+    "error",
+    "owner_pid",
+    "owner_host",
+    "owner_start",
+    "created_at",
+    "finished_at",
+)
+_MSG = (
+    "id",
+    "conversation_id",
+    "turn_id",
+    "role",
+    "kind",
+    "text",
+    "call_id",
+    "tool",
+    "arguments_json",
+    "af_json",
+    "created_at",
+)
+_APPROVAL = (
+    "id",
+    "conversation_id",
+    "turn_id",
+    "call_id",
+    "tool",
+    "arguments_json",
+    "summary",
+    "status",
+    "decided_by",
+    "reason",
+    "always",
+    "created_at",
+    "expires_at",
+    "decided_at",
+    "executed_at",
+)
+_AUDIT = ("id", "conversation_id", "approval_id", "action", "tool", "summary", "actor", "reason", "created_at")
+
+
+class DecisionRefused(ValueError):
+    """An approval cannot be decided (unknown, already decided, expired); the message says which."""
+
+
+def _row(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row as a dict (``rows.record``), with an approval's ``always`` as a bool."""
+    out = record(columns, row)
+    if "always" in out:
+        out["always"] = bool(out["always"])
+    return out
+
+
+def _select(table: str, columns: tuple[str, ...]) -> str:
+    return f"SELECT {', '.join(columns)} FROM {table}"
+
+
+def _audit(tx: Tx, approval: dict[str, Any], action: str, actor: str, reason: str | None, now: float) -> None:
+    tx.conn.execute(
+        "INSERT INTO agent_audit (conversation_id, approval_id, action, tool, summary, actor, reason, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            approval["conversation_id"],
+            approval["id"],
+            action,
+            approval["tool"],
+            approval["summary"],
+            actor,
+            redact(reason),
+            now,
+        ),
+    )
+
+
+class AgentTables:
+    """Conversations, turns, messages, approvals, audit, checkpoints (mixed into ``Store``)."""
+
+    _writer: Writer
+
+    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:  # Store's
+        raise NotImplementedError
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    def create_conversation(self, conversation_id: str, title: str, session_id: str, volume: str) -> dict[str, Any]:
+        now = time.time()
+        values = (conversation_id, redact(title), session_id, volume, "[]", "[]", now, now)
+
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                f"INSERT INTO agent_conversations ({', '.join(_CONV)}) VALUES ({', '.join('?' * 8)})", values
+            )
+
+        self._writer.run(insert)
+        return _row(_CONV, values)
+
+    def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:
+        rows = self._read(_select("agent_conversations", _CONV) + " WHERE id = ?", (conversation_id,))
+        return _row(_CONV, rows[0]) if rows else None
+
+    def list_conversations(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+        """Most recently active first, each with its count of pending approvals."""
+        pending = (
+            "(SELECT COUNT(*) FROM agent_approvals a WHERE a.conversation_id = agent_conversations.id"
+            " AND a.status = 'pending')"
+        )
+        sql = (
+            f"SELECT {', '.join(_CONV)}, {pending} FROM agent_conversations"
+            " ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
+        )
+        return [{**_row(_CONV, r[:-1]), "pending": r[-1]} for r in self._read(sql, (limit, offset))]
+
+    def set_mcp_servers(self, conversation_id: str, servers: list[dict[str, Any]]) -> None:
+        def update(tx: Tx) -> None:
+            tx.conn.execute(
+                "UPDATE agent_conversations SET mcp_servers_json = ?, updated_at = ? WHERE id = ?",
+                (dumps(servers), time.time(), conversation_id),
+            )
+
+        self._writer.run(update)
+
+    # -- turns ------------------------------------------------------------------------------------
+
+    def create_turn(self, turn_id: str, conversation_id: str, owner: tuple[int, str, str | None]) -> None:
+        """Record a running turn; ValueError if the conversation has a turn running or paused already."""
+        now = time.time()
+
+        def insert(tx: Tx) -> None:
+            busy = tx.conn.execute(
+                f"SELECT id, status FROM agent_turns WHERE conversation_id = ? AND status IN {ACTIVE_TURNS}",
+                (conversation_id,),
+            ).fetchone()
+            if busy is not None:
+                raise ValueError(f"turn {busy[0]} is {busy[1]}")
+            tx.conn.execute(
+                f"INSERT INTO agent_turns ({', '.join(_TURN)}) VALUES (?, ?, 'running', NULL, ?, ?, ?, ?, NULL)",
+                (turn_id, conversation_id, *owner, now),
+            )
+            tx.conn.execute("UPDATE agent_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+
+        self._writer.run(insert)
+
+    def finish_turn(self, turn_id: str, status: str, error: str | None = None) -> None:
+        """Set a turn's status; a final one (not running or paused) also drops its checkpoints."""
+        final = status not in ACTIVE_TURNS
+        now = time.time()
+
+        def update(tx: Tx) -> None:
+            tx.conn.execute(
+                "UPDATE agent_turns SET status = ?, error = ?, finished_at = ? WHERE id = ?",
+                (status, redact(error), now if final else None, turn_id),
+            )
+            if final:
+                tx.conn.execute("DELETE FROM agent_checkpoints WHERE workflow_name = ?", (workflow_name(turn_id),))
+
+        self._writer.run(update)
+
+    def get_turn(self, turn_id: str) -> dict[str, Any] | None:
+        rows = self._read(_select("agent_turns", _TURN) + " WHERE id = ?", (turn_id,))
+        return _row(_TURN, rows[0]) if rows else None
+
+    def active_turn(self, conversation_id: str) -> dict[str, Any] | None:
+        sql = _select("agent_turns", _TURN) + f" WHERE conversation_id = ? AND status IN {ACTIVE_TURNS}"
+        rows = self._read(sql, (conversation_id,))
+        return _row(_TURN, rows[0]) if rows else None
+
+    def interrupt_turns(self, gone: Callable[[dict[str, Any]], bool]) -> list[str]:
+        """Close out running turns whose process is ``gone`` (a paused turn waits in the store, not a process)."""
+        rows = [_row(_TURN, r) for r in self._read(_select("agent_turns", _TURN) + " WHERE status = 'running'")]
+        dead = [t["id"] for t in rows if gone(t)]
+        for turn_id in dead:
+            self.finish_turn(turn_id, "interrupted", "the process running this turn stopped")
+        return dead
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    def add_message(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        role: str,
+        kind: str,
+        af: dict[str, Any],
+        *,
+        text: str | None = None,
+        call_id: str | None = None,
+        tool: str | None = None,
+        arguments: Any = None,
+    ) -> dict[str, Any]:
+        """Append one message; ``af`` is the framework's form of it (``Message.to_dict()``)."""
+        now = time.time()
+        values = [
+            conversation_id,
+            turn_id,
+            role,
+            kind,
+            redact(text),
+            call_id,
+            tool,
+            None if arguments is None else dumps(redact(arguments)),
+            dumps(redact(af)),
+            now,
+        ]
+
+        def insert(tx: Tx) -> int:
+            cur = tx.conn.execute(
+                f"INSERT INTO agent_messages ({', '.join(_MSG[1:])}) VALUES ({', '.join('?' * 10)})", values
+            )
+            tx.conn.execute("UPDATE agent_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+            return int(cur.lastrowid or 0)
+
+        message_id = self._writer.run(insert)
+        return _row(_MSG, (message_id, *values))
+
+    def messages(self, conversation_id: str) -> list[dict[str, Any]]:
+        sql = _select("agent_messages", _MSG) + " WHERE conversation_id = ? ORDER BY id"
+        return [_row(_MSG, r) for r in self._read(sql, (conversation_id,))]
+
+    # -- approvals and the audit log ----------------------------------------------------------------
+
+    def record_approvals(self, turn_id: str, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Record the approvals of a turn's paused calls (pending, or approved at once by a policy) with
+        their audit entries, and mark the turn paused if any waits for a person, in one transaction: an
+        answer can never come before the turn is resumable."""
+        records = []
+        for approval in approvals:
+            rec = {
+                **approval,
+                "summary": redact(approval["summary"]),
+                "arguments": redact(approval["arguments"]),
+                "reason": redact(approval.get("reason")),
+                "always": bool(approval.get("always")),
+                "executed_at": None,
+            }
+            records.append(rec)
+
+        def insert(tx: Tx) -> list[dict[str, Any]]:
+            for rec in records:
+                values = [dumps(rec[c[:-5]]) if c.endswith("_json") else rec.get(c) for c in _APPROVAL]
+                values[_APPROVAL.index("always")] = int(rec["always"])
+                tx.conn.execute(
+                    f"INSERT INTO agent_approvals ({', '.join(_APPROVAL)}) VALUES ({', '.join('?' * 15)})", values
+                )
+                _audit(tx, rec, "requested", "agent", None, rec["created_at"])
+                if rec["status"] == "approved":
+                    _audit(tx, rec, "auto_approved", rec.get("decided_by") or "policy", None, rec["created_at"])
+            if any(rec["status"] == "pending" for rec in records):
+                tx.conn.execute("UPDATE agent_turns SET status = 'paused' WHERE id = ?", (turn_id,))
+            return records
+
+        return self._writer.run(insert)
+
+    def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        rows = self._read(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,))
+        return _row(_APPROVAL, rows[0]) if rows else None
+
+    def list_approvals(
+        self, *, status: str | None = None, conversation_id: str | None = None, turn_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        where, params = [], []
+        for column, value in (("status", status), ("conversation_id", conversation_id), ("turn_id", turn_id)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = _select("agent_approvals", _APPROVAL) + (f" WHERE {' AND '.join(where)}" if where else "")
+        return [_row(_APPROVAL, r) for r in self._read(sql + " ORDER BY created_at, id", tuple(params))]
+
+    def decide_approval(
+        self, approval_id: str, approve: bool, actor: str, reason: str | None, always: bool, owner: tuple[Any, ...]
+    ) -> tuple[dict[str, Any], bool]:
+        """Decide a pending approval once, with its audit entry; "always" also grants the tool for the
+        conversation. Returns the approval and whether the caller now owns resuming its turn (no other
+        approval of the turn is pending, and the paused turn was claimed for this process).
+        DecisionRefused when it is unknown, decided already, or expired."""
+        now = time.time()
+
+        def decide(tx: Tx) -> tuple[dict[str, Any], bool]:
+            row = tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone()
+            if row is None:
+                raise DecisionRefused(f"no approval '{approval_id}'")
+            approval = _row(_APPROVAL, row)
+            if approval["status"] == "pending" and approval["expires_at"] <= now:
+                raise DecisionRefused(f"approval '{approval_id}' expired before it was answered")
+            if approval["status"] != "pending":
+                raise DecisionRefused(f"approval '{approval_id}' is {approval['status']} already")
+            status = "approved" if approve else "rejected"
+            tx.conn.execute(
+                "UPDATE agent_approvals SET status = ?, decided_by = ?, reason = ?, always = ?, decided_at = ?"
+                " WHERE id = ? AND status = 'pending'",
+                (status, actor, redact(reason), int(always and approve), now, approval_id),
+            )
+            _audit(tx, approval, status, actor, reason, now)
+            if always and approve:
+                (grants_json,) = tx.conn.execute(
+                    "SELECT grants_json FROM agent_conversations WHERE id = ?", (approval["conversation_id"],)
+                ).fetchone()
+                grants = sorted({*json.loads(grants_json), approval["tool"]})
+                tx.conn.execute(
+                    "UPDATE agent_conversations SET grants_json = ? WHERE id = ?",
+                    (dumps(grants), approval["conversation_id"]),
+                )
+            waiting = tx.conn.execute(
+                "SELECT COUNT(*) FROM agent_approvals WHERE turn_id = ? AND status = 'pending'", (approval["turn_id"],)
+            ).fetchone()[0]
+            claimed = False
+            if not waiting:
+                cur = tx.conn.execute(
+                    "UPDATE agent_turns SET status = 'running', owner_pid = ?, owner_host = ?, owner_start = ?"
+                    " WHERE id = ? AND status = 'paused'",
+                    (*owner, approval["turn_id"]),
+                )
+                claimed = cur.rowcount == 1
+            approval.update(status=status, decided_by=actor, reason=reason, always=always and approve, decided_at=now)
+            return approval, claimed
+
+        return self._writer.run(decide)
+
+    def expire_approvals(self, result_af: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+        """Expire pending approvals past their time, with audit entries. A paused turn left with nothing
+        pending ends as ``expired`` and each expired call gets the tool result ``result_af(approval)``,
+        so the conversation's history stays whole."""
+        now = time.time()
+
+        def expire(tx: Tx) -> list[dict[str, Any]]:
+            rows = tx.conn.execute(
+                _select("agent_approvals", _APPROVAL) + " WHERE status = 'pending' AND expires_at <= ?", (now,)
+            ).fetchall()
+            expired = [_row(_APPROVAL, r) for r in rows]
+            for approval in expired:
+                tx.conn.execute(
+                    "UPDATE agent_approvals SET status = 'expired', decided_at = ? WHERE id = ?", (now, approval["id"])
+                )
+                _audit(tx, approval, "expired", "system", "nobody answered in time", now)
+                af = result_af(approval)
+                tx.conn.execute(
+                    f"INSERT INTO agent_messages ({', '.join(_MSG[1:])}) VALUES (?, ?, 'tool', 'tool_result', ?, ?,"
+                    " ?, NULL, ?, ?)",
+                    (
+                        approval["conversation_id"],
+                        approval["turn_id"],
+                        "not run: the approval expired",
+                        approval["call_id"],
+                        approval["tool"],
+                        dumps(af),
+                        now,
+                    ),
+                )
+                approval["status"] = "expired"
+            for turn_id in {a["turn_id"] for a in expired}:
+                waiting = tx.conn.execute(
+                    "SELECT COUNT(*) FROM agent_approvals WHERE turn_id = ? AND status = 'pending'", (turn_id,)
+                ).fetchone()[0]
+                if not waiting:
+                    tx.conn.execute(
+                        "UPDATE agent_turns SET status = 'expired', finished_at = ? WHERE id = ? AND status = 'paused'",
+                        (now, turn_id),
+                    )
+                    tx.conn.execute("DELETE FROM agent_checkpoints WHERE workflow_name = ?", (workflow_name(turn_id),))
+            return expired
+
+        return self._writer.run(expire)
+
+    def claim_execution(self, approval_id: str) -> dict[str, Any] | None:
+        """Mark an approved call as executing, once: the approval when this caller may run the tool,
+        None when it is not approved or ran already (a replayed checkpoint must not run it twice)."""
+        now = time.time()
+
+        def claim(tx: Tx) -> dict[str, Any] | None:
+            cur = tx.conn.execute(
+                "UPDATE agent_approvals SET executed_at = ?"
+                " WHERE id = ? AND status = 'approved' AND executed_at IS NULL",
+                (now, approval_id),
+            )
+            if cur.rowcount != 1:
+                return None
+            approval = _row(
+                _APPROVAL,
+                tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone(),
+            )
+            _audit(tx, approval, "executed", "agent", None, now)
+            return approval
+
+        return self._writer.run(claim)
+
+    def audit(self, conversation_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        """Newest first."""
+        where = " WHERE conversation_id = ?" if conversation_id else ""
+        params: tuple[Any, ...] = (conversation_id, limit) if conversation_id else (limit,)
+        sql = _select("agent_audit", _AUDIT) + where + " ORDER BY id DESC LIMIT ?"
+        return [_row(_AUDIT, r) for r in self._read(sql, params)]
+
+    # -- runs and attachments -----------------------------------------------------------------------
+
+    def link_run(self, conversation_id: str, run_id: str, turn_id: str) -> None:
+        def insert(tx: Tx) -> None:
+            tx.conn.execute(
+                "INSERT OR IGNORE INTO agent_runs (conversation_id, run_id, turn_id, created_at) VALUES (?, ?, ?, ?)",
+                (conversation_id, run_id, turn_id, time.time()),
+            )
+
+        self._writer.run(insert)
+
+    def conversation_runs(self, conversation_id: str) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT c.run_id, c.turn_id, c.created_at, r.status, r.question FROM agent_runs c"
+            " LEFT JOIN runs r ON r.id = c.run_id WHERE c.conversation_id = ? ORDER BY c.created_at"
+        )
+        keys = ("run_id", "turn_id", "created_at", "status", "question")
+        return [dict(zip(keys, r, strict=True)) for r in self._read(sql, (conversation_id,))]
+
+    def attach(self, conversation_id: str, upload_ids: list[str]) -> None:
+        now = time.time()
+
+        def insert(tx: Tx) -> None:
+            tx.conn.executemany(
+                "INSERT OR IGNORE INTO agent_attachments (conversation_id, upload_id, created_at) VALUES (?, ?, ?)",
+                [(conversation_id, u, now) for u in upload_ids],
+            )
+
+        self._writer.run(insert)
+
+    def attachments(self, conversation_id: str) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT a.upload_id, u.name, u.size FROM agent_attachments a JOIN uploads u ON u.id = a.upload_id"
+            " WHERE a.conversation_id = ? ORDER BY a.created_at, a.upload_id"
+        )
+        return [dict(zip(("upload_id", "name", "size"), r, strict=True)) for r in self._read(sql, (conversation_id,))]
+
+    # -- checkpoints (agent.checkpoints.StoreCheckpointStorage) --------------------------------------
+
+    def save_checkpoint(self, checkpoint_id: str, workflow: str, data: dict[str, Any]) -> None:
+        payload = dumps(data)
+
+        def upsert(tx: Tx) -> None:
+            tx.conn.execute(
+                "INSERT OR REPLACE INTO agent_checkpoints (id, workflow_name, created_at, data_json)"
+                " VALUES (?, ?, ?, ?)",
+                (checkpoint_id, workflow, time.time(), payload),
+            )
+
+        self._writer.run(upsert)
+
+    def load_checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+        rows = self._read("SELECT data_json FROM agent_checkpoints WHERE id = ?", (checkpoint_id,))
+        return json.loads(rows[0][0]) if rows else None
+
+    def workflow_checkpoints(self, workflow: str) -> list[dict[str, Any]]:
+        """Oldest first."""
+        sql = "SELECT data_json FROM agent_checkpoints WHERE workflow_name = ? ORDER BY created_at, rowid"
+        return [json.loads(r[0]) for r in self._read(sql, (workflow,))]
+
+    def delete_checkpoint(self, checkpoint_id: str) -> bool:
+        def delete(tx: Tx) -> bool:
+            return tx.conn.execute("DELETE FROM agent_checkpoints WHERE id = ?", (checkpoint_id,)).rowcount == 1
+
+        return self._writer.run(delete)
+
+
+def workflow_name(turn_id: str) -> str:
+    """The workflow of one turn: its checkpoints are found (and dropped) by this name."""
+    return f"fleet-agent-turn:{turn_id}"

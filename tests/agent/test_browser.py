@@ -1,0 +1,85 @@
+"""Chat mode in a real browser (Debian's chromium via Playwright) against `fleet web` processes: a
+conversation starts an RLM run over an uploaded file and answers from it, proposes a memory update that
+waits for approval across a server restart, and the approval given on the chat panel applies it once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, expect, sync_playwright
+
+from tests.agent.conftest import CODE, MEMORY, memory_file
+from tests.support.workloads import write_haystack
+from tests.web.conftest import fleet_web
+from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
+
+pytestmark = pytest.mark.slow
+
+
+@contextmanager
+def chat_web(env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """`fleet web --port 0` on the given settings; yields its sign-in URL (with the token)."""
+    full = {k: v for k, v in os.environ.items() if k != "FLEET_SANDBOX"}  # the real local sandbox
+    full.update({k: v for k, v in env.items() if k != "FLEET_SANDBOX"})
+    with fleet_web(cwd, full) as web:
+        yield web.login_url
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    _require_chromium()
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+        yield b
+        b.close()
+
+
+def open_chat(page: object, login_url: str) -> None:
+    page.goto(login_url)  # type: ignore[attr-defined]
+    expect(page.get_by_role("heading", name="Workbench", exact=True)).to_be_visible()  # type: ignore[attr-defined]
+    page.get_by_role("tab", name="Chat").click()  # type: ignore[attr-defined]
+    expect(page.get_by_role("heading", name="Conversations")).to_be_visible()  # type: ignore[attr-defined]
+
+
+def test_chat_runs_an_rlm_and_an_approval_survives_a_restart(
+    agent_env: dict[str, str], browser: Browser, tmp_path: Path
+) -> None:
+    haystack = write_haystack(tmp_path / "haystack.txt", 20_000, CODE)
+    with chat_web(agent_env, tmp_path) as login, open_page(browser, None, tmp_path) as ui:  # type: ignore[arg-type]
+        page = ui.page
+        open_chat(page, login)
+        page.get_by_label("Attach files").set_input_files(str(haystack))
+        expect(page.get_by_role("list", name="Files to attach")).to_contain_text("haystack.txt")
+        page.get_by_role("textbox", name="Message").fill("what is the secret code in my file?")
+        page.get_by_role("button", name="Send").click()
+        log = page.get_by_role("log", name="Conversation")
+        expect(log).to_contain_text(f"The secret code is {CODE}", timeout=90_000)
+        expect(log.get_by_role("link", name="Trace of run")).to_be_visible()
+        expect(log.locator(".tool-card")).to_contain_text("rlm_run")
+
+        page.get_by_role("textbox", name="Message").fill("remember my favourite bird")
+        page.get_by_role("button", name="Send").click()
+        card = page.get_by_role("group", name="Approval for write_memory")
+        expect(card).to_contain_text("memory/birds.md")
+        assert ui.errors == [], ui.errors
+    assert not memory_file(agent_env["FLEET_HOME"]).exists()
+
+    with chat_web(agent_env, tmp_path) as login, open_page(browser, None, tmp_path) as ui:  # type: ignore[arg-type]
+        page = ui.page
+        open_chat(page, login)
+        page.get_by_role("list", name="Conversations").get_by_role("button").first.click()
+        card = page.get_by_role("group", name="Approval for write_memory")
+        expect(card).to_contain_text("memory/birds.md")  # still waiting, after the restart
+        card.get_by_role("button", name="Approve", exact=True).click()
+        log = page.get_by_role("log", name="Conversation")
+        expect(log).to_contain_text("wrote 41 bytes", timeout=60_000)
+        expect(card).to_be_hidden()
+        page.get_by_text("Approval log").click()
+        expect(page.locator(".audit")).to_contain_text("approved by web")
+        ui.page.screenshot(path=str(tmp_path / "chat.png"))
+        assert ui.errors == [], ui.errors
+    assert memory_file(agent_env["FLEET_HOME"]).read_text() == MEMORY
