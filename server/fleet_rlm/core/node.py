@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import dspy
 
@@ -19,8 +19,27 @@ from fleet_rlm.core.program import cap_middle, extract_code
 from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import Sandbox
 
-if TYPE_CHECKING:
-    from fleet_rlm.core.run import RunContext
+
+class RunHost(Protocol):
+    """What a node needs from its run (core.run.RunContext implements it); typed here, so node
+    and run do not import each other."""
+
+    settings: Any  # fleet_rlm.config.Settings
+    limits: Any  # core.budget.Limits
+    budget: Any  # core.budget.Budget, shared by every node of the run
+    root_lm: Any
+    sub_lm: Any
+    adapter: Any
+    subcall_gate: asyncio.Semaphore
+    volume_store: Any  # volumes for quota trimming, or None
+
+    def emit(self, kind: str, data: dict[str, Any], *, node: str, parent: str | None, depth: int) -> Any: ...
+
+    def record_usage(self, usage: CallUsage) -> None: ...
+
+    def next_batch_id(self) -> int: ...
+
+    async def child(self, parent: NodeRuntime, prompt: str, context: str | None) -> str: ...
 
 PREVIEW = 200
 QUERY_PREVIEW = 2000
@@ -42,7 +61,7 @@ class NodeRuntime:
 
     def __init__(
         self,
-        run: RunContext,
+        run: RunHost,
         *,
         node: str,
         parent: str | None,

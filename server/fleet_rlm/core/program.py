@@ -18,15 +18,13 @@ import functools
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
 from fleet_rlm.core.budget import BudgetExhausted
-
-if TYPE_CHECKING:
-    from fleet_rlm.core.node import NodeRuntime
+from fleet_rlm.core.types import NodeHost
 
 
 class RLMAction(dspy.Signature):
@@ -221,7 +219,7 @@ class RLMProgram(dspy.Module):
         self.act = RootPredict(RLMAction)
         self.extract = RootPredict(RLMExtract)
 
-    async def aforward(self, runtime: NodeRuntime) -> NodeResult:
+    async def aforward(self, runtime: NodeHost) -> NodeResult:
         steps: list[Step] = []
         observation = runtime.opening_observation()
         stop_reason: str | None = None
@@ -251,7 +249,7 @@ class RLMProgram(dspy.Module):
         status = "succeeded" if answer is not None else "failed"
         return NodeResult(answer, status, stop_reason, len(steps), steps)
 
-    async def _extract(self, runtime: NodeRuntime, steps: list[Step], last_observation: str, reason: str) -> str | None:
+    async def _extract(self, runtime: NodeHost, steps: list[Step], last_observation: str, reason: str) -> str | None:
         """Best answer from the work so far; one extra model call beyond the budget."""
         runtime.warn(f"{reason}; extracting the best answer from {len(steps)} steps")
         shown = [s.observation for s in steps[1:]] + [last_observation]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds the events schema from these (needs it before 3.12)
 
@@ -293,3 +293,32 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# -- the step loop's view of a node ---------------------------------------------------------------
+
+
+class StepOutcome(Protocol):
+    shown: str  # what the model sees of the step
+    final: str | None  # the submitted answer, if the step submitted one
+
+
+class NodeHost(Protocol):
+    """What the step loop (core/program.py) needs from one RLM node; core/node.py implements it.
+
+    Defined here so the loop depends on this contract, not on the node module (no import circle)."""
+
+    max_iters: int
+    budget: Any  # core.budget.Budget: reserve(n), check()
+
+    def query_preview(self) -> str: ...
+
+    def opening_observation(self) -> str: ...
+
+    def status_line(self, step: int) -> str: ...
+
+    def warn(self, message: str) -> None: ...
+
+    async def predict(self, predictor: Any, *, step: int, final: bool = False, **inputs: Any) -> Any: ...
+
+    async def execute(self, reply: str, *, step: int) -> StepOutcome: ...
