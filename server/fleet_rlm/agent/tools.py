@@ -255,7 +255,8 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         servers.append({"name": name, "command": command, "args": list(args or []), "added_at": time.time()})
         await tc.store.write(tc.store.set_mcp_servers, tc.conversation["id"], servers)
         tc.conversation["mcp_servers"] = servers
-        return f"added MCP server '{name}': its tools are available from your next step on"
+        # This turn's tool list is fixed when it starts: the servers are opened at the start of the next one.
+        return f"added MCP server '{name}': its tools are yours from the user's next message on, not in this reply"
 
     return [
         rlm_run,
