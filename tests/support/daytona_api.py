@@ -40,6 +40,10 @@ from aiohttp import WSCloseCode, web
 
 HOME = "/home/daytona"
 CTX_SCRIPT = Path(__file__).with_name("daytona_ctx.py")
+# Inside a box /tmp and /home are the box's own, so neither this checkout (it may live under /tmp)
+# nor a virtual environment may be visible: the context script is bound in, the base interpreter runs it.
+CTX_INSIDE = "/opt/fleet-daytona-double/ctx.py"
+PYTHON = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 TIMEOUT_CLOSE = 4008
 KILL_GRACE = 1.0
 
@@ -486,6 +490,7 @@ class DaytonaDouble:
         for inside, host in self._mounts(box):
             if inside not in (HOME, "/tmp"):
                 cmd += ["--bind", str(host), inside]
+        cmd += ["--ro-bind", str(CTX_SCRIPT), CTX_INSIDE]
         cmd += ["--die-with-parent", "--clearenv", "--chdir", HOME]
         variables = {"HOME": HOME, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **box.env, **(env or {})}
         for key, value in variables.items():
@@ -496,7 +501,7 @@ class DaytonaDouble:
 
     async def _context(self, box: Box, cid: str, cwd: str) -> Context:
         proc = await asyncio.create_subprocess_exec(
-            *self._bwrap(box, [sys.executable, "-I", "-u", str(CTX_SCRIPT)]),
+            *self._bwrap(box, [PYTHON, "-I", "-u", CTX_INSIDE]),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 26, start_new_session=True,
         )  # fmt: skip
         assert proc.stdout is not None
