@@ -3,11 +3,12 @@
     python manifests/bundle.py [--out dist] [--server-json manifests/server.json]
 
 Stages what the bundle needs (``manifest.json``, ``pyproject.toml``, ``uv.lock``, ``README.md``
-and the ``server/`` package, without caches) in a temporary folder, validates the manifest
-and packs it with ``mcpb pack`` into ``<out>/fleet-rlm-<version>.mcpb``, then prints the
-bundle's path and sha256. With ``--server-json`` it writes that sha256 (and the release URL
-of this version) into the registry entry: the release step runs it on the bundle it uploads,
-since every build of the bundle differs (zip timestamps) and the registry checks the hash.
+and the ``server/``, ``shell/`` and ``webui/`` folders the wheel is built from, without caches)
+in a temporary folder, validates the manifest and packs it with ``mcpb pack`` into
+``<out>/fleet-rlm-<version>.mcpb``, then prints the bundle's path and sha256. With
+``--server-json`` it writes that sha256 (and the release URL of this version) into the registry
+entry: the release step runs it on the bundle it uploads, since every build of the bundle differs
+(zip timestamps) and the registry checks the hash.
 
 ``mcpb`` is taken from ``--mcpb``, else ``$FLEET_MCPB``, else ``PATH``; it needs Node >= 20
 (``npm i @anthropic-ai/mcpb@2.1.2``, as ``.ci/run`` does). Standard library only.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGED_FILES = ("pyproject.toml", "uv.lock", "README.md")
+STAGED_FOLDERS = ("server", "shell", "webui")
 RELEASE_URL = "https://github.com/fleet-rlm/fleet-rlm/releases/download/v{version}/fleet-rlm-{version}.mcpb"
 
 
@@ -54,7 +56,8 @@ def stage(into: Path) -> str:
     shutil.copy2(ROOT / "manifests" / "manifest.json", into / "manifest.json")
     for name in STAGED_FILES:
         shutil.copy2(ROOT / name, into / name)
-    shutil.copytree(ROOT / "server", into / "server", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in STAGED_FOLDERS:  # the wheel's packages and the UI it includes (pyproject says so)
+        shutil.copytree(ROOT / folder, into / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return str(manifest["version"])
 
 
