@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleet_rlm.core.program import RLMAction, RLMProgram, RootPredict, TranscriptAdapter, cap_middle, extract_code
+from fleet_rlm.core.program import RLMAction, RLMProgram, RootPredict, TranscriptAdapter, extract_code
+from fleet_rlm.sandbox.base import cap_middle
 
 
 def test_extract_code_fences() -> None:

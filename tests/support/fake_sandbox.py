@@ -26,6 +26,7 @@ from fleet_rlm.sandbox.base import (
     HostFunction,
     SandboxError,
     SandboxSpec,
+    cap_middle,
     register_backend,
 )
 
@@ -208,7 +209,7 @@ class FakeSandbox:
                 timer.cancel()
             out.buffers.pop(me, None)
             err.buffers.pop(me, None)
-        stdout = _cap("".join(buf), self.output_limit)
+        stdout = cap_middle("".join(buf), self.output_limit)
         return ExecResult(stdout, value, error, kind, final, time.monotonic() - start, data)  # type: ignore[arg-type]
 
 
@@ -231,13 +232,6 @@ def _plain(value: Any) -> Any:
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError):
         return None
-
-
-def _cap(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n... [{len(text) - limit} characters of output omitted] ...\n{text[-(limit - half):]}"
 
 
 def register() -> None:

@@ -15,9 +15,9 @@ import dspy
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
 from fleet_rlm.core.lm import CallUsage, explain_lm_error, metered
-from fleet_rlm.core.program import cap_middle, extract_code
+from fleet_rlm.core.program import extract_code
 from fleet_rlm.redaction import redact_text
-from fleet_rlm.sandbox.base import Sandbox
+from fleet_rlm.sandbox.base import Sandbox, cap_middle
 
 
 class RunHost(Protocol):

@@ -179,15 +179,6 @@ def extract_code(text: str) -> str:
     return "\n".join(body.strip("\n") for _, body in blocks)
 
 
-def cap_middle(text: str, limit: int) -> str:
-    """Keep head and tail of long output, saying how much was left out."""
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    dropped = len(text) - 2 * half
-    return f"{text[:half]}\n... [{dropped:,} characters omitted] ...\n{text[-half:]}"
-
-
 # Root calls block a thread each for one model call; sized for every node of a few concurrent
 # runs stepping at once (beyond it they queue). Kept apart from asyncio's default executor, whose
 # few threads dspy's own async calls (the sub-queries) hop through.

@@ -158,12 +158,13 @@ class ProtocolViolation(Exception):
     """The sandbox sent something its protocol does not allow at this point."""
 
 
-def cap_text(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, head and tail kept."""
+def cap_middle(text: str, limit: int) -> str:
+    """Keep head and tail of long output, saying how much was left out (used for what the model sees)."""
     if len(text) <= limit:
         return text
     half = limit // 2
-    return f"{text[:half]}\n... [{len(text) - limit} characters omitted] ...\n{text[len(text) - (limit - half) :]}"
+    dropped = len(text) - 2 * half
+    return f"{text[:half]}\n... [{dropped:,} characters omitted] ...\n{text[-half:]}"
 
 
 def exec_result(reply: dict[str, Any], output_limit: int) -> ExecResult:
@@ -175,7 +176,7 @@ def exec_result(reply: dict[str, Any], output_limit: int) -> ExecResult:
             return None
         if not isinstance(value, str):
             raise ProtocolViolation(f"'done' field {key!r} is not text")
-        return cap_text(value, output_limit + 1024)  # a backstop: the worker caps (plus its marker)
+        return cap_middle(value, output_limit + 1024)  # a backstop: the worker caps (plus its marker)
 
     kind, final, duration = reply.get("error_kind"), reply.get("final"), reply.get("duration")
     if kind is not None and kind not in ERROR_KINDS:
