@@ -13,7 +13,6 @@ from pydantic import TypeAdapter
 
 from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.errors import Conflict
-from fleet_rlm.core.program import TRAJECTORY_DEMO
 from fleet_rlm.core.types import PAYLOADS, RunRequest
 from fleet_rlm.optimize import datasets, runner, versions
 from fleet_rlm.optimize.runner import OptimizeRequest
@@ -60,7 +59,7 @@ async def test_bootstrap_candidate_is_saved_promoted_and_used_by_the_next_run(
         # The version holds the demos it added: whole successful runs of Exemplar rows.
         detail = versions.show(store, final.version_id)
         demos = detail.changes["act"]["demos"]["after"]
-        assert demos and all("Exemplar" in d["observation"] and "SUBMIT" in d["code"] for d in demos)
+        assert demos and all("Exemplar" in d["transcript"] and "SUBMIT" in d["code"] for d in demos)
         assert "instructions" not in detail.changes["act"]
         # Replays were real runs of kind eval under the optimization, kept out of the run list.
         evals = store.list_runs(kind="eval", limit=1000)
@@ -74,12 +73,13 @@ async def test_bootstrap_candidate_is_saved_promoted_and_used_by_the_next_run(
         assert after.answer == "QUINCE"
         assert store.get_run(after.run_id).program_version == final.version_id
         sent = _sent(shout, "(quince)")
-        assert TRAJECTORY_DEMO in sent and "Exemplar:" in sent
+        # The field appears in the system message's format, once per demo and once for this run.
+        assert "Exemplar:" in sent and sent.count("[[ ## transcript ## ]]") == 2 + len(demos)
 
         assert await versions.rollback(store) == "builtin"
         again = await _ask(engine, "rowan")
         assert again.answer == "rowan" and store.get_run(again.run_id).program_version is None
-        assert TRAJECTORY_DEMO not in _sent(shout, "(rowan)")
+        assert "Exemplar:" not in _sent(shout, "(rowan)")
 
 
 async def test_gepa_proposes_an_instruction_that_the_next_run_sends(

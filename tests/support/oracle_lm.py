@@ -146,8 +146,10 @@ def _root_answer(state: OracleState, messages: list[dict[str, Any]], dialect: st
     if reply is not None:
         return reply
     transcript = "\n".join(_text(m.get("content")) for m in messages)
-    # Our runtime sends steps as chat turns; stock dspy.RLM renders them as "=== Step N ===".
-    step = sum(1 for m in messages if m.get("role") == "assistant") or transcript.count("=== Step ")
+    # rlms sends its steps as chat turns; this runtime and stock dspy.RLM render them as
+    # "=== Step N ===" in the last message (earlier ones may be demos).
+    last = _text(messages[-1].get("content")) if messages else ""
+    step = sum(1 for m in messages if m.get("role") == "assistant") if dialect == "repl" else last.count("=== Step ")
     for scenario in state.scenarios:
         if scenario.trigger in transcript:
             steps = next((alt for marker, alt in scenario.when.items() if marker in transcript), scenario.steps)

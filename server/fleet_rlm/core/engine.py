@@ -217,7 +217,10 @@ class Engine:
                         f"the active program version '{version}' is missing: "
                         "run `fleet-rlm programs rollback` or promote another version"
                     )
-                program.load_state(row["state"])
+                try:
+                    program.load_state(row["state"])
+                except ValueError as exc:
+                    raise ConfigError(f"program version '{version}': {exc} (`fleet-rlm programs rollback`)") from None
             self._programs[version] = program
         return self._programs[version]
 

@@ -1,12 +1,15 @@
 """The RLM program: a ``dspy.Module`` whose two predictors optimizers can tune.
 
-``act`` writes the next code step from the REPL transcript; ``extract`` gives the best answer
-when a budget runs out. The transcript is a ``dspy.History`` of (observation, reasoning, code)
-turns, rendered by the chat adapter as alternating user/assistant messages, so every request
-extends the previous one: the prompt is append-only and provider prefix caches hit.
+``act`` writes the next code step from the run's transcript; ``extract`` gives the best answer
+when a budget runs out. The transcript is one text that only grows: the task, then per step the
+reasoning, the code and what the REPL showed. It is the last field of the request, so request
+*k* is, up to the closing format reminder, a prefix of request *k+1* and provider prefix caches
+hit.
 
 Per-step cost matters on long runs (``python -m bench`` measures it through the CLI): the
-adapter renders each turn and the system message once per run, and a root call takes dspy's
+transcript is extended, never re-rendered; it travels as one message, because dspy's model
+client spends about 14 µs per message per call, which a turn-per-message prompt pays on every
+earlier step; the system message is built once per run; and a root call takes dspy's
 synchronous model path in one worker thread (see ``RootPredict``).
 """
 
@@ -51,25 +54,11 @@ class RLMAction(dspy.Signature):
     SUBMIT. Print what you need to see; both printed output and the value of a last-line
     expression are shown, truncated in the middle if long. Never print the whole context."""
 
-    observation: str = dspy.InputField(desc="What the REPL showed after your last code, or the task at the start.")
-    history: dspy.History = dspy.InputField(desc="Earlier steps.")
+    transcript: str = dspy.InputField(
+        desc="The task, then each step so far (your reasoning and code, then what the REPL showed); the newest is last."
+    )
     reasoning: str = dspy.OutputField(desc="What you learned and what you do next, briefly.")
     code: str = dspy.OutputField(desc="Python code to run next, in a ```python block.")
-
-    @classmethod
-    def delete(cls, name: str) -> Any:
-        """The adapter drops the history field on every step; signatures are immutable, so cache it."""
-        return _without_field(cls, name)
-
-
-_BARE: dict[tuple[Any, str], Any] = {}  # (signature, field) -> the signature without it
-
-
-def _without_field(signature: Any, name: str) -> Any:  # dspy has no types: its signatures are Any here
-    key = (signature, name)
-    if key not in _BARE:
-        _BARE[key] = dspy.Signature.delete.__func__(signature, name)
-    return _BARE[key]
 
 
 class RLMExtract(dspy.Signature):
@@ -78,7 +67,7 @@ class RLMExtract(dspy.Signature):
     plainly if the evidence is incomplete."""
 
     query: str = dspy.InputField()
-    transcript: str = dspy.InputField(desc="The steps taken: reasoning, code and output.")
+    transcript: str = dspy.InputField(desc="The task, then each step taken: reasoning, code and output.")
     answer: str = dspy.OutputField()
 
 
@@ -98,66 +87,33 @@ class NodeResult:
     steps: list[Step] = field(default_factory=list)
 
 
-class TranscriptAdapter(dspy.ChatAdapter):
-    """The chat adapter, rendering each transcript turn once per run.
+def render_step(number: int, step: Step, shown: str) -> str:
+    """One step as the transcript shows it: what was written, then what the REPL showed."""
+    return f"\n\n=== Step {number} ===\nReasoning: {step.reasoning}\nCode:\n{step.code}\nOutput:\n{shown}"
 
-    The transcript only grows; re-rendering every earlier turn on every step was the runtime's
-    largest per-step cost (quadratic over a run). Rendered turns are reused by content.
-    """
+
+def render_transcript(steps: list[Step], observation: str) -> str:
+    """The whole transcript: the first observation (the task), each step, and ``observation``,
+    what the REPL showed after the last step (the same text the loop builds step by step)."""
+    shown = [s.observation for s in steps[1:]] + [observation]
+    opening = steps[0].observation if steps else observation
+    return opening + "".join(render_step(i, s, out) for i, (s, out) in enumerate(zip(steps, shown), start=1))
+
+
+class TranscriptAdapter(dspy.ChatAdapter):
+    """The chat adapter with the system message built once per signature (about 0.3 ms a step
+    otherwise) and no JSON fallback (a second, unbudgeted call per bad reply; the loop asks
+    again instead)."""
 
     def __init__(self) -> None:
-        # No JSON fallback: a second, unbudgeted call per bad reply; the loop asks again instead.
         super().__init__(use_json_adapter_fallback=False)
-        self._turns: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         self._system: dict[tuple[Any, ...], str] = {}
 
     def format_system_message(self, signature: type[dspy.Signature]) -> str:
-        """The same for every step of a run (about 0.3 ms to build), so built once per signature."""
         shape = (signature, signature.instructions, tuple(signature.fields))
         if shape not in self._system:
             self._system[shape] = super().format_system_message(signature)
         return self._system[shape]
-
-    def format_conversation_history(
-        self, signature: type[dspy.Signature], history_field_name: str, inputs: dict[str, Any]
-    ) -> list[dict[str, Any]]:
-        history = inputs.get(history_field_name)
-        if history is None:
-            plain: list[dict[str, Any]] = super().format_conversation_history(signature, history_field_name, inputs)
-            return plain
-        shape = (signature.instructions, tuple(signature.fields))
-        messages: list[dict[str, Any]] = []
-        for turn in history.messages:
-            key = (shape, tuple(turn.items()))
-            if key not in self._turns:
-                one = {history_field_name: dspy.History(messages=[turn])}
-                self._turns[key] = super().format_conversation_history(signature, history_field_name, one)
-            messages.extend(self._turns[key])
-        del inputs[history_field_name]
-        return messages
-
-    def format_demos(self, signature: type[dspy.Signature], demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A demo carrying a transcript (an optimizer's whole successful run: its earlier steps as
-        ``history``, then its last step) is shown as that run's turns; other demos as dspy does."""
-        name = self._get_history_field_name(signature)
-        whole = [d for d in demos if name and d.get(name) is not None]
-        messages: list[dict[str, Any]] = super().format_demos(
-            signature, [d for d in demos if not (name and d.get(name) is not None)]
-        )
-        if not whole:
-            return messages
-        bare = _without_field(signature, name)
-        for demo in whole:
-            history = demo[name]
-            turns = history.messages if isinstance(history, dspy.History) else history.get("messages", [])
-            for index, turn in enumerate([*turns, {k: demo[k] for k in bare.fields if k in demo}]):
-                prefix = TRAJECTORY_DEMO if index == 0 else ""
-                messages.append({"role": "user", "content": self.format_user_message_content(bare, turn, prefix)})
-                messages.append({"role": "assistant", "content": self.format_assistant_message_content(bare, turn)})
-        return messages
-
-
-TRAJECTORY_DEMO = "An example: a whole earlier run of this task that found the right answer, step by step."
 
 
 FORMAT_HELP = (
@@ -210,16 +166,28 @@ class RLMProgram(dspy.Module):
         self.act = RootPredict(RLMAction)
         self.extract = RootPredict(RLMExtract)
 
+    def load_state(self, state: dict[str, Any]) -> RLMProgram:
+        """A saved version's state; one made for another prompt layout is refused, not misapplied
+        (DSPy would pair the saved field descriptions with the current fields by position)."""
+        for name, predictor in self.named_predictors():
+            saved = (state.get(name) or {}).get("signature", {}).get("fields")
+            if saved is not None and len(saved) != len(predictor.signature.fields):
+                raise ValueError(
+                    f"this program version was made for an earlier prompt layout ({name} has {len(saved)} "
+                    f"fields, now {len(predictor.signature.fields)}); roll back or optimize again"
+                )
+        super().load_state(state)
+        return self
+
     async def aforward(self, runtime: NodeHost) -> NodeResult:
         steps: list[Step] = []
         observation = runtime.opening_observation()
+        transcript = observation
         stop_reason: str | None = None
         for index in range(runtime.max_iters):
             try:
                 runtime.budget.reserve(1)
-                action = await runtime.predict(
-                    self.act, step=index + 1, observation=observation, history=_history(steps)
-                )
+                action = await runtime.predict(self.act, step=index + 1, transcript=transcript)
             except BudgetExhausted as exc:
                 stop_reason = exc.reason
                 break
@@ -228,37 +196,28 @@ class RLMProgram(dspy.Module):
                 runtime.warn(f"step {index + 1}: the model's reply did not follow the format")
                 steps.append(Step(observation, "(unparseable reply)", reply))
                 observation = FORMAT_HELP + "\n\n" + runtime.status_line(index + 2)
+                transcript += render_step(index + 1, steps[-1], observation)
                 continue
             outcome = await runtime.execute(action.code, step=index + 1)
             steps.append(Step(observation, action.reasoning, action.code))
             if outcome.final is not None:
                 return NodeResult(outcome.final, "succeeded", None, index + 1, steps)
             observation = outcome.shown + "\n\n" + runtime.status_line(index + 2)
+            transcript += render_step(index + 1, steps[-1], observation)
         else:
             stop_reason = f"step limit of {runtime.max_iters} reached"
-        answer = await self._extract(runtime, steps, observation, stop_reason or "budget exhausted")
+        answer = await self._extract(runtime, transcript, len(steps), stop_reason or "budget exhausted")
         status = "succeeded" if answer is not None else "failed"
         return NodeResult(answer, status, stop_reason, len(steps), steps)
 
-    async def _extract(self, runtime: NodeHost, steps: list[Step], last_observation: str, reason: str) -> str | None:
+    async def _extract(self, runtime: NodeHost, transcript: str, steps: int, reason: str) -> str | None:
         """Best answer from the work so far; one extra model call beyond the budget."""
-        runtime.warn(f"{reason}; extracting the best answer from {len(steps)} steps")
-        shown = [s.observation for s in steps[1:]] + [last_observation]
-        transcript = "\n\n".join(
-            f"Step {i}\nReasoning: {s.reasoning}\nCode:\n{s.code}\nThen the REPL showed:\n{out}"
-            for i, (s, out) in enumerate(zip(steps, shown, strict=True), start=1)
-        )
+        runtime.warn(f"{reason}; extracting the best answer from {steps} steps")
         try:
             result = await runtime.predict(
-                self.extract, step=len(steps) + 1, final=True, query=runtime.query_preview(), transcript=transcript
+                self.extract, step=steps + 1, final=True, query=runtime.query_preview(), transcript=transcript
             )
         except Exception as exc:  # an unreachable model must not hide the stop reason
             runtime.warn(f"extraction failed: {exc}")
             return None
         return str(result.answer)
-
-
-def _history(steps: list[Step]) -> dspy.History:
-    return dspy.History(
-        messages=[{"observation": s.observation, "reasoning": s.reasoning, "code": s.code} for s in steps]
-    )

@@ -9,7 +9,7 @@ same optimization lineage (the evaluation cache, so a rerun after a crash skips 
 
 Optimizers call ``forward`` from a worker thread; the replay runs on the Engine's event loop.
 A whole successful run is handed to DSPy's trace as one ``act`` call (its last step, with every
-earlier step as history): BootstrapFewShot turns it into a demo, GEPA reflects on it.
+earlier step in its transcript): BootstrapFewShot turns it into a demo, GEPA reflects on it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import dspy
 
 from fleet_rlm.core.engine import Replay
-from fleet_rlm.core.program import RLMProgram, Step
+from fleet_rlm.core.program import RLMProgram, Step, render_transcript
 from fleet_rlm.core.types import OPTIMIZE_EVAL, RunRequest
 from fleet_rlm.optimize.datasets import example_key
 from fleet_rlm.optimize.versions import fingerprint, program_state
@@ -160,7 +160,7 @@ class Replayer:
         if trace is None or not outcome.submitted or not outcome.steps:
             return
         *earlier, last = outcome.steps
-        inputs = {"observation": last["observation"], "history": dspy.History(messages=list(earlier))}
+        inputs = {"transcript": render_transcript([Step(**s) for s in earlier], last["observation"])}
         trace.append((program.act, inputs, dspy.Prediction(reasoning=last["reasoning"], code=last["code"])))
 
     def record(self, prediction: dspy.Prediction, score: float, feedback: str) -> None:
