@@ -95,9 +95,11 @@ def render_step(number: int, step: Step, shown: str) -> str:
 def render_transcript(steps: list[Step], observation: str) -> str:
     """The whole transcript: the first observation (the task), each step, and ``observation``,
     what the REPL showed after the last step (the same text the loop builds step by step)."""
+    if not steps:
+        return observation
     shown = [s.observation for s in steps[1:]] + [observation]
-    opening = steps[0].observation if steps else observation
-    return opening + "".join(render_step(i, s, out) for i, (s, out) in enumerate(zip(steps, shown), start=1))
+    turns = (render_step(i, s, out) for i, (s, out) in enumerate(zip(steps, shown, strict=True), start=1))
+    return steps[0].observation + "".join(turns)
 
 
 class TranscriptAdapter(dspy.ChatAdapter):
