@@ -64,6 +64,7 @@ async def test_prompt_is_append_only(fleet_env: dict, oracle: OracleLM) -> None:
     assert len(roots) == 3
     assert all([m["role"] for m in r] == ["system", "user"] for r in roots)  # one message, however long the run
     texts = ["\n".join(m["content"] for m in r) for r in roots]
+    assert all(t.isascii() for t in texts)  # what the runtime adds keeps the client's ASCII fast paths
     for earlier, later in itertools.pairwise(texts):
         transcript, reminder = earlier.rsplit("\n\nRespond with", 1)
         assert later.startswith(transcript) and len(reminder) < 300  # all but the format reminder: prefix caches hit
