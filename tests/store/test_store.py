@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet_rlm.core.types import Event
 from fleet_rlm.redaction import remember_secrets
 from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
 from fleet_rlm.store.db import MIGRATIONS
@@ -407,6 +408,24 @@ def test_a_failing_write_leaves_its_batch_neighbours(store: Store, caplog: pytes
     assert [(e["seq"], e["data"]) for e in store.events("r1")] == [(1, {"n": 1}), (2, {"n": 2})]
     assert store.get_run("r1").answer == "a"
     assert "no run 'ghost'; create_run() before appending events" in caplog.text
+
+
+def test_a_lone_failing_write_is_undone_and_never_published(store: Store) -> None:
+    """A batch of one job commits without a savepoint; when that job fails, nothing of it stays."""
+    store.create_run(_run("r1"))
+    seen: list[Event] = []
+    store.add_listener(seen.extend)
+
+    def append_then_fail() -> None:
+        store.append_event("r1", "warning", {"n": 1})  # joins the open transaction
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        store.submit(append_then_fail).result(10)
+    store.append_event("r1", "warning", {"n": 2})  # the writer goes on
+    store.flush()
+    assert [(e["seq"], e["data"]) for e in store.events("r1")] == [(1, {"n": 2})]
+    assert [e["data"] for e in seen if e["kind"] == "warning"] == [{"n": 2}]
 
 
 @pytest.mark.anyio

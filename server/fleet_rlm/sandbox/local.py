@@ -514,7 +514,8 @@ class LocalSandbox:
             try:
                 await self._send({**message, "id": req_id}, blob)
                 try:
-                    reply = await asyncio.wait_for(asyncio.shield(future), deadline)
+                    async with asyncio.timeout(deadline):  # one wake-up on the reply (wait_for takes three)
+                        reply = await future
                 except TimeoutError:
                     await self._fail(
                         f"the sandbox worker did not answer within {deadline:g} s although the code's time "

@@ -138,9 +138,11 @@ class Writer:
         self._tx = tx
         try:
             conn.execute("BEGIN IMMEDIATE")
+            # A lone job (the usual case: one event) needs no savepoint: undoing it is a rollback.
+            lone = len(batch) == 1
             for job, future in batch:
-                outcomes.append((future, *_in_savepoint(tx, job)))
-            conn.execute("COMMIT")
+                outcomes.append((future, *(_alone(tx, job) if lone else _in_savepoint(tx, job))))
+            conn.execute("ROLLBACK" if lone and outcomes[0][2] is not None else "COMMIT")
         except Exception as exc:  # the transaction itself failed: the lock stayed busy, disk full, ...
             with contextlib.suppress(sqlite3.Error):  # the thread must live on: callers wait on it
                 conn.execute("ROLLBACK")
@@ -183,6 +185,15 @@ def _in_savepoint(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
         return None, exc
     tx.conn.execute("RELEASE job")
     return result, None
+
+
+def _alone(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
+    """Run a batch's only job; if it fails, the caller rolls the transaction back."""
+    try:
+        return job(tx), None
+    except Exception as exc:
+        tx.published.clear()
+        return None, exc
 
 
 def _nothing(tx: Tx) -> None:
