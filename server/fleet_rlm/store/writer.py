@@ -20,6 +20,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -30,6 +31,9 @@ from fleet_rlm.store.db import StoreError, connect
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_BATCH = 1000  # jobs per transaction: bounds how long one commit keeps readers of its results waiting
+# How long a queued event waits for company before it commits: a commit costs ~0.3 ms of CPU, and
+# a step's two events come ~0.5 ms apart; a millisecond later on a live view is not seen.
+_LINGER = 0.001
 _STOP = object()
 
 
@@ -116,11 +120,16 @@ class Writer:
         try:
             while True:
                 batch = [self._queue.get()]
+                # Nobody waits for a queued event: give the ones that usually follow it (a step's
+                # code.executed after its lm.call) a moment to join the same commit.
+                until = time.monotonic() + _LINGER if batch[0] is not _STOP and batch[0][1] is None else 0.0
                 while len(batch) < _MAX_BATCH:
                     try:
-                        batch.append(self._queue.get_nowait())
+                        batch.append(self._queue.get(timeout=max(0.0, until - time.monotonic())))
                     except queue.Empty:
                         break
+                    if batch[-1] is _STOP or batch[-1][1] is not None:  # a caller waits: commit now
+                        until = 0.0
                 stop = batch[-1] is _STOP  # close() queues it last: nothing is queued after it
                 self._commit(conn, batch[:-1] if stop else batch)
                 if stop:
