@@ -99,6 +99,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _number(text: str, key: str | None = None) -> int | None:
+    """The file's number, or the one on its ``key`` line (``oom_kill 3``)."""
+    if key is not None:
+        found = [line.split()[1] for line in text.splitlines() if line.split()[:1] == [key]]
+        text = found[0] if found else ""
+    return int(text) if text.isdigit() else None
+
+
 def _probe(parent: Path) -> None:
     """Create and remove a group: an existing parent proves nothing on a read-only or foreign mount."""
     probe = parent / f"sb-{os.getpid()}-probe"
@@ -198,6 +206,9 @@ class SandboxCgroup:
         self.tasks_max = tasks_max
         dirs = dict.fromkeys(groups.values())  # v2: one dir, so one write joins both controllers
         self._join_fds = [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in dirs]
+        # Read after every step: a pread of an open file costs a fraction of open+read+close.
+        events = "memory.events" if version == 2 else "memory.oom_control"
+        self._oom_fd = os.open(groups["memory"] / events, os.O_RDONLY | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, memory_mb: int, max_procs: int) -> SandboxCgroup | None:
@@ -249,16 +260,15 @@ class SandboxCgroup:
         return join
 
     def _value(self, controller: str, name: str, key: str | None = None) -> int | None:
-        text = _read(self.groups[controller] / name)
-        if key is not None:
-            found = [line.split()[1] for line in text.splitlines() if line.split()[:1] == [key]]
-            text = found[0] if found else ""
-        return int(text) if text.isdigit() else None
+        return _number(_read(self.groups[controller] / name), key)
 
     def oom_kills(self) -> int:
         """Processes of this sandbox the kernel's out-of-memory killer has ended so far."""
-        events = "memory.events" if self.version == 2 else "memory.oom_control"
-        return self._value("memory", events, "oom_kill") or 0
+        try:
+            text = os.pread(self._oom_fd, 4096, 0).decode()
+        except OSError:  # destroyed
+            return 0
+        return _number(text, "oom_kill") or 0
 
     def stats(self) -> dict[str, int | None]:
         """Limits and counters as the kernel reports them (peaks where the kernel keeps them)."""
@@ -279,10 +289,10 @@ class SandboxCgroup:
 
     def destroy(self, timeout: float = 5.0) -> None:
         """Kill every process still in the group, then remove it; safe to call repeatedly."""
-        for fd in self._join_fds:
+        for fd in [*self._join_fds, self._oom_fd]:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._join_fds = []
+        self._join_fds, self._oom_fd = [], -1  # -1: a later read fails instead of reading a reused fd
         dirs = [d for d in dict.fromkeys(self.groups.values()) if d.exists()]
         deadline = time.monotonic() + timeout
         while dirs and time.monotonic() < deadline:
