@@ -13,6 +13,7 @@ Imports only the standard library: the CLI's ``--help`` and the MCP server's sta
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -66,6 +67,7 @@ def redact_text(text: str) -> str:
     return _SECRET_SHAPE.sub(MASK, text)
 
 
+@functools.lru_cache(maxsize=4096)  # the same few keys come back in every event
 def _secret_key(key: object) -> bool:
     k = str(key).lower()
     return any(part in k for part in _SECRET_KEY_PARTS) and not _NOT_SECRET_KEY.search(k)
