@@ -208,7 +208,10 @@ class SandboxCgroup:
         self._join_fds = [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in dirs]
         # Read after every step: a pread of an open file costs a fraction of open+read+close.
         events = "memory.events" if version == 2 else "memory.oom_control"
-        self._oom_fd = os.open(groups["memory"] / events, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._oom_fd = os.open(groups["memory"] / events, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # the caps still hold; only the count of OOM kills is not reported
+            self._oom_fd = -1
 
     @classmethod
     def create(cls, memory_mb: int, max_procs: int) -> SandboxCgroup | None:
@@ -266,7 +269,7 @@ class SandboxCgroup:
         """Processes of this sandbox the kernel's out-of-memory killer has ended so far."""
         try:
             text = os.pread(self._oom_fd, 4096, 0).decode()
-        except OSError:  # destroyed
+        except OSError:  # destroyed, or the kernel offers no counter
             return 0
         return _number(text, "oom_kill") or 0
 
