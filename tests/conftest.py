@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,3 +48,15 @@ def fleet_env(tmp_path: Path, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch)
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(tmp_path)
     return env
+
+
+@pytest.fixture
+def ctrl_c_reaches_children() -> Iterator[None]:
+    """Children start with SIGINT's default disposition, as a terminal's Ctrl-C finds them. A shell
+    that runs the suite in the background (``cmd &`` without job control) makes pytest ignore
+    SIGINT, every child inherits that, and asyncio then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -237,6 +237,7 @@ def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: Oracl
     assert [r["status"] for r in runs] == ["succeeded", "cancelled"]
 
 
+@pytest.mark.usefixtures("ctrl_c_reaches_children")
 def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
     proc = subprocess.Popen(
