@@ -10,7 +10,9 @@ SQLite's write lock up front, across processes too), each job inside its own sav
 failing job does not undo its neighbours. Only after ``COMMIT`` are futures resolved and what the
 jobs published (``Tx.published``) handed to the listeners: durable before visible.
 
-Queue order is commit order: a job commits with or after every job queued before it.
+Queue order is commit order: a job commits with or after every job queued before it. A batch
+that starts with a job nobody waits for (an event) stays open up to ``_LINGER`` for more (group
+commit); a job somebody waits for closes it at once.
 """
 
 from __future__ import annotations
