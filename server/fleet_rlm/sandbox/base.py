@@ -13,10 +13,13 @@ the request in flight and fail the sandbox (``SandboxError``) on anything else.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from fleet_rlm.redaction import redact_text
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
@@ -44,6 +47,23 @@ class ExecResult:
     final: dict[str, Any] | None
     duration: float
     data: Any = None
+
+
+async def answer_host_call(
+    functions: dict[str, HostFunction], name: str, args: list[Any], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Run one host call the sandboxed code made: ``{"ok": True, "value": ...}``, or ``{"ok": False,
+    "error": ...}`` with the error masked (a model error may quote the key) before it enters the
+    sandbox. A value that cannot cross as JSON fails here, as the call's error."""
+    try:
+        fn = functions.get(name)
+        if fn is None:
+            raise LookupError(f"no host function named {name!r}")
+        value = await fn(*args, **kwargs)
+        json.dumps(value, default=str)
+        return {"ok": True, "value": value}
+    except Exception as exc:
+        return {"ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
 
 
 class SandboxError(RuntimeError):

@@ -40,6 +40,7 @@ from fleet_rlm.sandbox.base import (
     ProtocolViolation,
     SandboxError,
     SandboxSpec,
+    answer_host_call,
     exec_result,
     register_backend,
 )
@@ -500,17 +501,10 @@ class DaytonaSandbox:
 
     async def _answer(self, call_id: int, name: str, args: list[Any], kwargs: dict[str, Any], calls: set[int]) -> None:
         try:
-            fn = self._functions.get(name)
-            if fn is None:
-                raise LookupError(f"no host function named {name!r}")
-            value = await fn(*args, **kwargs)
-            reply: dict[str, Any] = {"ok": True, "value": value}
-            payload = json.dumps(reply, ensure_ascii=False, default=str)
-        except Exception as exc:  # a model error may quote the key: masked before it enters the sandbox
-            payload = json.dumps({"ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")})
+            answer = await answer_host_call(self._functions, name, args, kwargs)
         finally:
             calls.discard(call_id)
-        data = payload.encode("utf-8", "surrogatepass") + REPLY_END
+        data = json.dumps(answer, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + REPLY_END
         assert self._remote is not None
         sandbox = self._remote.sandbox
         with contextlib.suppress(Exception):  # a lost reply ends as the step's timeout, never a host crash

@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
@@ -34,6 +33,7 @@ from fleet_rlm.sandbox.base import (
     ProtocolViolation,
     SandboxError,
     SandboxSpec,
+    answer_host_call,
     exec_result,
     nesting_depth,
     register_backend,
@@ -532,15 +532,7 @@ class LocalSandbox:
     # ---- host calls from user code ---------------------------------------------------------------
     async def _run_call(self, call_id: int, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
         try:
-            fn = self._functions.get(name)
-            if fn is None:
-                raise LookupError(f"no host function named {name!r}")
-            value = await fn(*args, **kwargs)
-            json.dumps(value, default=str)
-            reply = {"op": "result", "id": call_id, "ok": True, "value": value}
-        except Exception as exc:
-            # A model error may quote the key: mask it before it enters the sandbox.
-            reply = {"op": "result", "id": call_id, "ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
+            reply = {"op": "result", "id": call_id, **await answer_host_call(self._functions, name, args, kwargs)}
         finally:
             self._calls.discard(call_id)
         with contextlib.suppress(SandboxError):
@@ -565,7 +557,7 @@ class LocalSandbox:
         except _ProtocolViolation as exc:
             await self._fail(f"the sandbox broke the protocol ({exc}), so it was stopped")
             raise  # unreachable: _fail raises
-        ooms = self._cgroup.oom_kills() if self._cgroup else 0  # one read a step: each costs ~0.1 ms
+        ooms = self._cgroup.oom_kills() if self._cgroup else 0  # one read a step, against the last count
         killed, self._oom_kills = ooms - self._oom_kills, ooms
         if killed > 0:  # a child died for memory; the step itself went on, so say it
             result.stdout += (
