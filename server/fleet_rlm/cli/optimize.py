@@ -175,13 +175,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     async def go() -> tuple[Any, Any]:
         async with Engine(settings_for(args)) as engine:
             opt_id, guess = await runner.start(engine, req)
-            try:
-                with OptimizeProgress(console) as progress:
-                    async for event in engine.subscribe(opt_id):
-                        progress.feed(event)
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                await engine.cancel(opt_id)
-                raise
+            await OptimizeProgress(console).follow(engine, opt_id)
             return runner.state(engine.workspace.store, opt_id), guess
 
     final, guess = asyncio.run(go())

@@ -4,6 +4,7 @@ keep ticking while a slow model thinks; elsewhere it prints one line per step.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Self
 
@@ -27,6 +28,20 @@ class LiveLine:
 
     def wants_live(self) -> bool:
         return self.console.is_terminal
+
+    def feed(self, event: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def follow(self, engine: Any, job_id: str) -> None:
+        """Show a job's (a run's, an optimization's) events until it ends; Ctrl-C cancels the job,
+        which is recorded as cancelled."""
+        try:
+            with self:
+                async for event in engine.subscribe(job_id):
+                    self.feed(event)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            await engine.cancel(job_id)
+            raise
 
     def __enter__(self) -> Self:
         if self.wants_live():

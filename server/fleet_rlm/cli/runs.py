@@ -15,13 +15,7 @@ from fleet_rlm.cli.progress import Progress
 async def follow_run(engine: Any, req: Any, mode: str) -> Any:
     """Start a run, show its progress until it finishes; Ctrl-C cancels it (recorded as cancelled)."""
     run_id = await engine.start_run(req)
-    try:
-        with Progress(mode) as progress:
-            async for event in engine.subscribe(run_id):
-                progress.feed(event)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        await engine.cancel(run_id)
-        raise
+    await Progress(mode).follow(engine, run_id)
     return await engine.wait(run_id)
 
 
