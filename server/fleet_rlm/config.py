@@ -10,9 +10,11 @@ light: ``--help`` imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -334,12 +336,17 @@ def write_user_settings(values: dict[str, Any]) -> None:
         raise ConfigError(f"refusing to write secrets to a file: {', '.join(leaked)}")
     path = user_settings_path()
     private_dir(path.parent)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)  # O_EXCL below: created fresh, so with our mode
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    # A fresh file per write (mkstemp: O_EXCL, mode 0600), so two processes saving at once never
+    # rename each other's half-written file; the last replace wins whole.
+    fd, tmp = tempfile.mkstemp(prefix=".settings-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(values, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # -- listing and saving settings (shared by `fleet-rlm config` and the web app) -----------------

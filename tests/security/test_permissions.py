@@ -70,3 +70,22 @@ def test_settings_file_is_private(fleet_env: dict[str, str]) -> None:
     settings = Path(fleet_env["FLEET_HOME"]) / "settings.json"
     assert '"max_iters": "7"' in settings.read_text()
     assert mode(settings) == 0o600 and mode(settings.parent) == 0o700
+
+
+def test_settings_saved_at_once_by_many_writers_stay_whole(fleet_env: dict[str, str]) -> None:
+    """Two saves at the same moment (`config set` and the web app, say) neither fail nor leave a
+    torn or temporary file behind: the last one wins whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleet_rlm.config import read_user_settings, write_user_settings
+
+    def save(n: int) -> None:
+        write_user_settings({"max_iters": str(n), "filler": "x" * 4096})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(save, range(400)))  # raises here if any save failed
+    saved = read_user_settings()
+    assert saved["filler"] == "x" * 4096 and 0 <= int(saved["max_iters"]) < 400
+    home = Path(fleet_env["FLEET_HOME"])
+    assert [p.name for p in home.iterdir() if p.name.endswith(".tmp")] == []
+    assert mode(home / "settings.json") == 0o600
