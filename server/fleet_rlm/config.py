@@ -11,10 +11,12 @@ light: ``--help`` imports it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -349,6 +351,28 @@ def write_user_settings(values: dict[str, Any]) -> None:
         raise
 
 
+@contextlib.contextmanager
+def _settings_lock() -> Iterator[None]:
+    """Hold the lock on ``settings.json``: one read-modify-write at a time, across processes."""
+    path = user_settings_path()
+    private_dir(path.parent)
+    fd = os.open(path.parent / ".settings.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, even if we crash
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_user_settings(change: Callable[[dict[str, Any]], None]) -> None:
+    """Read ``settings.json``, apply ``change`` to it in place and write it back, under the lock, so
+    two saves of different keys at once (``config set`` and ``config unset``, the web app) both land."""
+    with _settings_lock():
+        values = read_user_settings()
+        change(values)
+        write_user_settings(values)
+
+
 # -- listing and saving settings (shared by `fleet-rlm config` and the web app) -----------------
 
 SETTING_SOURCES = ("env", "keyring", "dotenv", "file", "default")
@@ -424,26 +448,29 @@ def save_settings(changes: dict[str, Any]) -> None:
     fixed = sorted(set(changes) & RESTART_ONLY)
     if fixed:
         raise UserError(f"{', '.join(fixed)} cannot be changed while running: set FLEET_HOME and restart")
-    saved = read_user_settings()
-    for name, value in changes.items():
-        if name in SECRET_FIELDS:
-            if value not in (None, "") and not isinstance(value, str):
-                raise UserError(f"{name} must be a string")
-            continue
-        if value in (None, ""):
-            saved.pop(name, None)
-        else:
-            validate_setting(name, value, {k: v for k, v in saved.items() if k != name})
-            saved[name] = value
     secrets = {k: v for k, v in changes.items() if k in SECRET_FIELDS}
+    for name, value in secrets.items():
+        if value not in (None, "") and not isinstance(value, str):
+            raise UserError(f"{name} must be a string")
     if any(secrets.values()):
         usable, backend = keyring_status()
         if not usable or not _keyring_wanted():
             first = next(k for k, v in secrets.items() if v)
             raise ConfigError(NO_KEYRING_HELP.format(backend=backend, env=env_name(first)))
-    for name, value in secrets.items():
-        if value:
-            keyring_set(name, value)
-        else:
-            keyring_delete(name)
-    write_user_settings(saved)
+
+    def apply(saved: dict[str, Any]) -> None:
+        for name, value in changes.items():
+            if name in SECRET_FIELDS:
+                continue
+            if value in (None, ""):
+                saved.pop(name, None)
+            else:
+                validate_setting(name, value, {k: v for k, v in saved.items() if k != name})
+                saved[name] = value
+        for name, value in secrets.items():  # only once every value has passed
+            if value:
+                keyring_set(name, value)
+            else:
+                keyring_delete(name)
+
+    update_user_settings(apply)

@@ -89,3 +89,19 @@ def test_settings_saved_at_once_by_many_writers_stay_whole(fleet_env: dict[str, 
     home = Path(fleet_env["FLEET_HOME"])
     assert [p.name for p in home.iterdir() if p.name.endswith(".tmp")] == []
     assert mode(home / "settings.json") == 0o600
+
+
+def test_settings_updated_at_once_keep_every_change(fleet_env: dict[str, str]) -> None:
+    """Saves of different keys at the same moment (`config set` in one terminal, `config unset` in
+    another, the web app) read, change and write the file one at a time: none is lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleet_rlm.config import read_user_settings, update_user_settings
+
+    def save(n: int) -> None:
+        update_user_settings(lambda values: values.update({f"key{n}": n}))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(save, range(200)))
+    assert read_user_settings() == {f"key{n}": n for n in range(200)}
+    assert mode(Path(fleet_env["FLEET_HOME"]) / ".settings.lock") == 0o600

@@ -54,9 +54,7 @@ def cmd_config(args: argparse.Namespace) -> int:
             removed = cfg.keyring_delete(name)
             print(f"{name}: removed from the keyring" if removed else f"{name}: was not in the keyring")
         else:
-            values = cfg.read_user_settings()
-            values.pop(name, None)
-            cfg.write_user_settings(values)
+            cfg.update_user_settings(lambda values: values.pop(name, None))
             print(f"{name}: unset")
         return 0
     value = args.value
@@ -73,10 +71,12 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     if value is None:
         raise UserError(f"give a value: fleet-rlm config set {name} VALUE")
-    values = cfg.read_user_settings()
-    cfg.validate_setting(name, value, values)
-    values[name] = value
-    cfg.write_user_settings(values)
+
+    def assign(values: dict[str, object]) -> None:
+        cfg.validate_setting(name, value, values)
+        values[name] = value
+
+    cfg.update_user_settings(assign)
     print(f"{name} = {value}  (saved in {cfg.user_settings_path()})")
     return 0
 
