@@ -39,6 +39,58 @@ def test_fresh_store_is_migrated_with_wal(tmp_path: Path) -> None:
     conn.close()
 
 
+_OPENER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from fleet_rlm.store import Store
+
+    for line in sys.stdin:  # one fresh path per round, sent to every opener at the same moment
+        try:
+            Store(Path(line.strip())).close()
+            print("ok", flush=True)
+        except Exception as exc:
+            print(f"{type(exc).__name__}: {exc}", flush=True)
+    """
+)
+
+
+def test_processes_opening_a_fresh_store_at_once_all_get_in(tmp_path: Path) -> None:
+    """Two first runs at the same moment (each creating the store) both start: the switch to WAL
+    is not left to fail with "database is locked" (it did in about one round in seven)."""
+    openers = [
+        subprocess.Popen([sys.executable, "-c", _OPENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    try:
+        for n in range(40):
+            path = tmp_path / f"round{n}" / "fleet.db"
+            for proc in openers:
+                proc.stdin.write(f"{path}\n")  # type: ignore[union-attr]
+            for proc in openers:
+                proc.stdin.flush()  # type: ignore[union-attr]
+            assert [proc.stdout.readline().strip() for proc in openers] == ["ok"] * 4, n  # type: ignore[union-attr]
+    finally:
+        for proc in openers:
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.wait(timeout=30)
+
+
+def test_a_store_locked_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "fleet.db"
+    Store(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process in the middle of a long write
+    monkeypatch.setattr("fleet_rlm.store.db._BUSY_SECONDS", 0.2)
+    try:
+        with pytest.raises(StoreError, match="stayed locked for 0.2 s by another fleet-rlm process; try again"):
+            Store(path)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    Store(path).close()  # and nothing was harmed
+
+
 def test_reopen_is_idempotent_and_data_survives(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store(path) as s:

@@ -14,6 +14,7 @@ import contextlib
 import os
 import sqlite3
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -321,17 +322,43 @@ def connect(path: Path) -> sqlite3.Connection:
     _make_private(path)
     # isolation_level=None: we issue BEGIN/COMMIT ourselves so that writes can
     # take the write lock up front (BEGIN IMMEDIATE) across processes.
-    conn = sqlite3.connect(str(path), timeout=5.0, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(str(path), timeout=_BUSY_SECONDS, isolation_level=None, check_same_thread=False)
     try:
-        conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         migrate(conn)
-    except BaseException:
+    except BaseException as exc:
         conn.close()
+        if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+            raise StoreError(
+                f"the store {path} stayed locked for {_BUSY_SECONDS:g} s by another fleet-rlm process;"
+                " try again when it is less busy"
+            ) from None
         raise
     return conn
+
+
+_BUSY_SECONDS = 5.0  # how long a connection waits for another process's lock
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (it stays so: later opens find it there).
+
+    SQLite does not call the busy handler for this switch: while another process is opening the
+    same fresh store (two first ``fleet-rlm run`` at once), it fails at once with "database is
+    locked". So it is retried here, with backoff, for as long as any other lock is waited for."""
+    deadline = time.monotonic() + _BUSY_SECONDS
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _make_private(path: Path) -> None:
