@@ -83,7 +83,7 @@ def test_a_store_locked_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: p
     holder.execute("BEGIN IMMEDIATE")  # another process in the middle of a long write
     monkeypatch.setattr("fleet_rlm.store.db._BUSY_SECONDS", 0.2)
     try:
-        with pytest.raises(StoreError, match="stayed locked for 0.2 s by another fleet-rlm process; try again"):
+        with pytest.raises(StoreError, match=r"stayed locked for 0\.2 s by another fleet-rlm process; try again"):
             Store(path)
     finally:
         holder.execute("ROLLBACK")

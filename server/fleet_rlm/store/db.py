@@ -316,6 +316,14 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+_BUSY_SECONDS = 5.0  # how long a connection waits for another process's lock
+
+
+def _busy(exc: BaseException) -> bool:
+    """Another connection holds the lock (SQLITE_BUSY and its extended codes)."""
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the database at ``path`` and bring its schema up to date."""
     private_dir(path.parent)
@@ -330,16 +338,13 @@ def connect(path: Path) -> sqlite3.Connection:
         migrate(conn)
     except BaseException as exc:
         conn.close()
-        if isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+        if _busy(exc):
             raise StoreError(
                 f"the store {path} stayed locked for {_BUSY_SECONDS:g} s by another fleet-rlm process;"
                 " try again when it is less busy"
             ) from None
         raise
     return conn
-
-
-_BUSY_SECONDS = 5.0  # how long a connection waits for another process's lock
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -355,7 +360,7 @@ def _use_wal(conn: sqlite3.Connection) -> None:
             conn.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+            if not _busy(exc) or time.monotonic() > deadline:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 0.05)

@@ -125,13 +125,13 @@ class Writer:
             while True:
                 batch = [self._queue.get()]
                 # Nobody waits for a queued event: give the ones that follow it a moment to join.
-                until = time.monotonic() + _LINGER if batch[0] is not _STOP and batch[0][1] is None else 0.0
+                until = 0.0 if _awaited(batch[0]) else time.monotonic() + _LINGER
                 while len(batch) < _MAX_BATCH:
                     try:
                         batch.append(self._queue.get(timeout=max(0.0, until - time.monotonic())))
                     except queue.Empty:
                         break
-                    if batch[-1] is _STOP or batch[-1][1] is not None:  # a caller waits: commit now
+                    if _awaited(batch[-1]):  # commit now
                         until = 0.0
                 stop = batch[-1] is _STOP  # close() queues it last: nothing is queued after it
                 self._commit(conn, batch[:-1] if stop else batch)
@@ -197,6 +197,11 @@ def _in_savepoint(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
         return None, exc
     tx.conn.execute("RELEASE job")
     return result, None
+
+
+def _awaited(item: Any) -> bool:
+    """Somebody waits for this queued item: a write with a future, or ``close()``'s stop."""
+    return item is _STOP or item[1] is not None
 
 
 def _alone(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
