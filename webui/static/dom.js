@@ -117,8 +117,12 @@ export function fmtCost(c) {
 }
 
 /** A status badge: text plus a class for colour (never colour alone). */
+const STATUS_TITLES = {
+  partial: "A budget (steps, model calls, time or cost) ran out before the run submitted; the answer was extracted from its work so far.",
+};
+
 export function badge(status) {
-  return h("span", { class: `badge st-${status || "unknown"}` }, status || "unknown");
+  return h("span", { class: `badge st-${status || "unknown"}`, title: STATUS_TITLES[status] || null }, status || "unknown");
 }
 
 /** Ask before deleting; resolves true when confirmed. A real <dialog>: focus is trapped and Esc cancels. */

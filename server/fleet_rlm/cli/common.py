@@ -18,6 +18,13 @@ from typing import Any, NoReturn
 from fleet_rlm.core.errors import FleetError, UserError
 
 INTERRUPTED = 130
+# A finished job's status as an exit code: scripts tell a clean answer (0) from one extracted after a
+# budget stop (3), a failure (1) and a cancel (130). docs/cli.md has the table.
+STATUS_EXIT = {"succeeded": 0, "partial": 3, "cancelled": INTERRUPTED}
+
+
+def status_exit(status: str) -> int:
+    return STATUS_EXIT.get(status, 1)
 
 
 class Parser(argparse.ArgumentParser):

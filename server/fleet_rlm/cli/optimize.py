@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from fleet_rlm.cli.common import limit_overrides, print_json, settings_for
+from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import LiveLine
 from fleet_rlm.core.errors import UserError
 
@@ -201,7 +201,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                           f"`fleet-rlm programs promote {final.version_id}`")  # fmt: skip
         if final.error:
             console.print(f"error: {final.error}")
-    return {"succeeded": 0, "cancelled": 130}.get(final.status, 1)
+    return status_exit(final.status)
 
 
 def _f(value: float | None) -> str:

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from fleet_rlm.cli.common import limit_overrides, print_json, settings_for
+from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import Progress
 
 
@@ -65,7 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         if result.error:
             print(f"error: {result.error}", file=sys.stderr)
-    return {"succeeded": 0, "cancelled": 130}.get(result.status, 1)
+    return status_exit(result.status)
 
 
 def _workspace() -> Any:

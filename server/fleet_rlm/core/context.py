@@ -267,6 +267,32 @@ def _read_text(item: _File, max_bytes: int) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def _sniff_text(item: _File, max_bytes: int) -> bool:
+    """Would staging keep this file? Its first bytes say so without reading the rest."""
+    try:
+        fd, st = item.open()
+    except _Skip:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        return st.st_size <= max_bytes and b"\0" not in fh.read(SNIFF_BYTES)
+
+
+def check_host_paths(
+    paths: list[str], roots: list[Path] | None, include_hidden: bool = False, max_file_bytes: int = MAX_FILE_BYTES
+) -> None:
+    """Refuse, before a run exists, host paths that would stage no text at all (a folder of only
+    binaries, an empty folder, a lone unreadable file): the same ``ContextError`` staging raises.
+    Stops at the first file that looks like text, so a good folder costs one listing and one read."""
+    skipped: list[str] = []
+    for spec in paths:
+        found = _expand(spec, None, roots, include_hidden)
+        if any(_sniff_text(item, max_file_bytes) for item in found.files):
+            return
+        skipped += found.skipped + [f"{f.name}: binary, too large or unreadable" for f in found.files]
+    reasons = "; ".join(skipped[:5]) or "nothing to read"
+    raise ContextError(f"no text found in the given context: every file was skipped ({reasons})")
+
+
 def stage_context(
     dest: Path,
     *,

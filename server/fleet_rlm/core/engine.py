@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.config import ConfigError, Settings, load_settings
-from fleet_rlm.core.context import ContextError
+from fleet_rlm.core.context import ContextError, check_host_paths
 from fleet_rlm.core.errors import Conflict, FleetError, UserError
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
@@ -138,6 +138,7 @@ class Engine:
         if req.volume is not None:
             self.volumes.check_name(req.volume)
         roots = self.settings.allowed_context_roots
+        host_paths = []
         for spec in req.context_paths:
             ref = parse_volume_ref(spec)
             if ref is not None:
@@ -150,6 +151,9 @@ class Engine:
                 raise ContextError(f"context folder '{spec}' is empty: give a folder with files in it")
             if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
                 raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
+            host_paths.append(spec)
+        if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text:
+            check_host_paths(host_paths, roots, req.include_hidden)  # a mistake, not a failed run
         if req.session_id and req.session_id not in self._sessions:
             if not SESSION_ID.fullmatch(req.session_id):
                 raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")

@@ -81,7 +81,7 @@ class Step:
 @dataclass
 class NodeResult:
     answer: str | None
-    status: str  # succeeded | failed
+    status: str  # succeeded | partial (answer extracted after a budget stop) | failed
     stop_reason: str | None
     iterations: int
     steps: list[Step] = field(default_factory=list)
@@ -209,7 +209,7 @@ class RLMProgram(dspy.Module):
         else:
             stop_reason = f"step limit of {runtime.max_iters} reached"
         answer = await self._extract(runtime, transcript, len(steps), stop_reason or "budget exhausted")
-        status = "succeeded" if answer is not None else "failed"
+        status = "partial" if answer is not None else "failed"
         return NodeResult(answer, status, stop_reason, len(steps), steps)
 
     async def _extract(self, runtime: NodeHost, transcript: str, steps: int, reason: str) -> str | None:

@@ -23,16 +23,19 @@ from fleet_rlm.core.errors import UserError
 
 # -- run statuses -----------------------------------------------------------------------------
 
-RunStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "interrupted"]
+# ``partial``: a budget (steps, calls, time, cost) stopped the run before it submitted, and the
+# answer was extracted from the work so far; never to be read as a clean ``succeeded``.
+RunStatus = Literal["queued", "running", "succeeded", "partial", "failed", "cancelled", "interrupted"]
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
 SUCCEEDED: Final = "succeeded"
+PARTIAL: Final = "partial"
 FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 INTERRUPTED: Final = "interrupted"
-STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED)
+STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING, SUCCEEDED, PARTIAL, FAILED, CANCELLED, INTERRUPTED)
 ACTIVE_STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING)
-FINAL_STATUSES: Final[tuple[RunStatus, ...]] = (SUCCEEDED, FAILED, CANCELLED, INTERRUPTED)
+FINAL_STATUSES: Final[tuple[RunStatus, ...]] = (SUCCEEDED, PARTIAL, FAILED, CANCELLED, INTERRUPTED)
 
 # -- events -----------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 import { api, qs } from "../api.js";
 import { badge, errorBox, field, fmtSeconds, fmtTime, h, replace } from "../dom.js";
 
-const STATUSES = ["", "queued", "running", "succeeded", "failed", "cancelled", "interrupted"];
+const STATUSES = ["", "queued", "running", "succeeded", "partial", "failed", "cancelled", "interrupted"];
 const PAGE = 50;
 const REFRESH_MS = 2000; // while a listed run is going; twice that otherwise (to catch runs started elsewhere)
 
