@@ -15,7 +15,7 @@ import pytest
 from fleet_rlm.mcp.server import build_server
 from mcp import Client
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.web.conftest import api_client, fake_env  # noqa: F401 - a fixture
+from tests.web.conftest import api_client
 
 BIN = Path(sys.executable).parent
 NEVER_DONE = Scenario("never done", ["print('still looking')"])
@@ -53,7 +53,7 @@ async def test_mcp_run_reports_partial(fleet_env: dict[str, str], oracle: Oracle
 
 
 @pytest.mark.anyio
-async def test_web_api_reports_partial(fake_env: dict[str, str], oracle: OracleLM) -> None:
+async def test_web_api_reports_partial(fleet_env: dict[str, str], oracle: OracleLM) -> None:
     oracle.add(NEVER_DONE)
     async with api_client() as client:
         started = await client.post("/api/runs", json={"question": "never done", "context_text": ["x"], "max_iters": 2})
