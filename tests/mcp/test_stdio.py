@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from mcp import Client, StdioServerParameters
 from tests.mcp.conftest import fleet_mcp_command, server_env
-from tests.support.oracle_lm import OracleLM
+from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import write_haystack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -69,3 +70,44 @@ def test_http_refuses_remote_bind_without_auth(fleet_env: dict[str, str], tmp_pa
 def test_version_flag() -> None:
     out = subprocess.run([*fleet_mcp_command(), "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("fleet-mcp ")
+
+
+async def test_run_cancelled_early_is_kept(
+    fleet_env: dict[str, str], oracle: OracleLM, era: str, tmp_path: Path
+) -> None:
+    """A second server process on a home that already holds a run: a run cancelled after two model
+    replies is in the store with its events through run.finished (read from SQLite directly)."""
+    oracle.add(Scenario("quick one", ["SUBMIT('x')"]))
+    oracle.add(Scenario("take your time", ["print('looking')"] * 50))
+    async with Client(params(fleet_env, tmp_path), mode=era) as client:
+        await client.call_tool("run", {"question": "quick one", "context_text": "x"})
+    oracle.state.latency = 0.3
+    async with Client(params(fleet_env, tmp_path), mode=era) as client:
+        answered = len(oracle.requests())
+        seen: list[str] = []
+        async with anyio.create_task_group() as group:
+
+            async def call() -> None:
+                await client.call_tool("run", {"question": "take your time", "context_text": "x"})
+
+            group.start_soon(call)
+            with anyio.fail_after(30):
+                while sum(r.reply_chars > 0 for r in oracle.requests()) < answered + 2:
+                    await anyio.sleep(0.01)
+            listed = (await client.call_tool("list_runs", {})).structured_content["runs"]  # type: ignore[index]
+            seen = [r["status"] for r in listed if r["question"] == "take your time"]
+            group.cancel_scope.cancel()  # the client sends notifications/cancelled
+        assert seen == ["running"]  # visible on the face while it runs
+        with anyio.fail_after(30):
+            while True:
+                db = sqlite3.connect(Path(fleet_env["FLEET_HOME"]) / "fleet.db")
+                row = db.execute("SELECT id, status FROM runs WHERE question = 'take your time'").fetchone()
+                if row and row[1] == "cancelled":
+                    break
+                db.close()
+                await anyio.sleep(0.1)
+        kinds = [k for (k,) in db.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY seq", (row[0],))]
+        seqs = [s for (s,) in db.execute("SELECT seq FROM events WHERE run_id = ? ORDER BY seq", (row[0],))]
+        db.close()
+    assert kinds[0] == "run.started" and kinds[-1] == "run.finished" and "lm.call" in kinds
+    assert seqs == list(range(1, len(seqs) + 1))
