@@ -66,6 +66,7 @@ def check_bounds(
         verdicts.append(
             {
                 "ratio": bound.ratio,
+                "figure": bound.figure,
                 "value": value,
                 "bound": bound.describe(),
                 "ok": ok,
@@ -121,5 +122,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     out += ["### Bounds (`bench/bounds.toml`)", "", "| ratio | value | bound | |", "|---|---|---|---|"]
     for v in report["bounds"]:
         value = "not measured" if v["value"] is None else f"{v['value']:.2f}"
+        if v.get("first_value") is not None:
+            value += f" (first {v['first_value']:.2f}, measured again)"
         out.append(f"| `{v['ratio']}` | {value} | {v['bound']} | {'ok' if v['ok'] else '**FAILED**'} |")
     return "\n".join(out) + "\n"
