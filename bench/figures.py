@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import desktop, web
+from bench import desktop, load, web
 from bench import workloads as wl
 from bench.coldstart import cli_help, mcp_first_reply_seconds
 from bench.runtimes import FLEET_CONCURRENCY, MODEL, Outcome, Runtime
@@ -343,9 +343,9 @@ def sse_latency(b: Bench) -> Result:
     b.sim.configure(0.04)
     env = web.web_env(b.work / "sse-home", b.sim.base_url, MODEL)
     data, notes = {}, []
-    with web.web_server(env) as (base, token):
+    with web.web_server(env) as server:
         for n in (1, 100):
-            data[n] = asyncio.run(web.sse_latency(base, token, job.question, job.max_iters, n))
+            data[n] = asyncio.run(web.sse_latency(server.base, server.token, job.question, job.max_iters, n))
             if not data[n]["all_delivered"]:
                 notes.append(f"{n} subscribers: some stream missed events")
     b.sim.configure(0.0)
@@ -373,6 +373,75 @@ def desktop_launch(b: Bench) -> Result:
                   {"fleet_s": fleet_s, "bare_s": bare_s, "gap_s": gap}, ratios, notes)  # fmt: skip
 
 
+def _load_result(prefix: str, d: dict[str, Any], sandboxes: str) -> Result:
+    """The table and ratios of one load measurement (``bench.load.measure_load``)."""
+    mb = [kb / 1024 for kb in d["rss_kb"]]  # idle, after each wave
+    peak_mb = d["peak_rss_kb"][0] / 1024
+    per_run = (peak_mb - mb[0]) / d["runs_at_once"]
+    finished = d["succeeded"] == d["complete_streams"] == d["attempted"] and not d["failures"]
+    lag, sse = d["lag_p99_ms"], d["sse_p95_ms"]
+    fds = d["fds"]
+    ratios = {
+        f"{prefix}.all_finished": 1.0 if finished else round(d["succeeded"] / max(1, d["attempted"]), 2),
+        f"{prefix}.wall_over_floor": _ratio(d["seconds"][0], d["floor_s"]),
+        f"{prefix}.rss_second_over_first": _ratio(mb[-1], mb[1]),
+        f"{prefix}.fds_after_over_idle": _ratio(fds[-1]["other"], fds[0]["other"]),
+        f"{prefix}.lag_p99_over_idle": _ratio(lag.get("wave"), lag.get("idle")),
+        # The bound's ratio: the idle p99 swings 1-30 ms with the machine's load, the wave's length with it.
+        f"{prefix}.lag_p99_over_wall": _ratio(lag.get("wave"), d["seconds"][0] * 1000),
+        f"{prefix}.sse_p95_over_alone": _ratio(sse["load"], sse["alone"]),
+        f"{prefix}.sandboxes_left": float(max(d["left"])),
+        f"{prefix}.peak_rss_over_idle": _ratio(peak_mb, mb[0]),
+    }
+    rows = [
+        ["runs", f"{d['succeeded']}/{d['attempted']} succeeded, {d['complete_streams']} streams complete "
+         f"(seq 1 to run.finished), {len(d['failures'])} failed requests or 5xx", "", ""],
+        ["wall time, first POST to last run.finished", " / ".join(f"{s:.2f} s" for s in d["seconds"]),
+         f"{d['floor_s']:.2f} s (model-bound floor)", _x(ratios[f"{prefix}.wall_over_floor"])],
+        ["server RSS: peak in wave 1, per concurrent run", f"{peak_mb:.0f} MB, {per_run:.2f} MB",
+         f"{mb[0]:.0f} MB idle", ""],
+        ["server RSS after wave 1 / wave 2", f"{mb[1]:.0f} MB / {mb[2]:.0f} MB" if len(mb) > 2 else "-", "",
+         _x(ratios[f"{prefix}.rss_second_over_first"])],
+        ["event-loop lag, /health p99 (share of wave 1's wall time)",
+         f"{_ms(lag.get('wave'))} ({ratios[f'{prefix}.lag_p99_over_wall']})", f"{_ms(lag.get('idle'))} idle",
+         _x(ratios[f"{prefix}.lag_p99_over_idle"])],
+        ["SSE delivery p95, one subscriber per run", _ms(sse["load"]), f"{_ms(sse['alone'])} one run alone",
+         _x(ratios[f"{prefix}.sse_p95_over_alone"])],
+        ["server descriptors after (+ pooled model connections)",
+         f"{fds[-1]['other']} (+{fds[-1]['model_connections']})", f"{fds[0]['other']} idle",
+         _x(ratios[f"{prefix}.fds_after_over_idle"])],
+        [f"{sandboxes} left after each wave", " / ".join(str(n) for n in d["left"]), "0", ""],
+    ]  # fmt: skip
+    notes = [f"not clean: {f}" for f in d["failures"]]
+    return Result(["what", f"{d['runs_at_once']} runs at once", "against", "ratio"], rows, d, ratios, notes)
+
+
+def web_load(b: Bench) -> Result:
+    """`fleet web` with many runs at once over the JSON API on the local sandbox (bubblewrap), 50 ms model
+    latency, each run one batch of 16 sub-calls, followed over SSE; two waves (`bench/load.py`)."""
+    runs = 10 if b.quick else 100
+    env = web.web_env(b.work / "load-home", b.sim.base_url, MODEL)
+    data = load.measure_load(b.sim, env, runs, alone=1 if b.quick else 3, idle_seconds=0.5 if b.quick else 2.0)
+    return _load_result("load", data, "sandbox processes below the server")
+
+
+def daytona_load(b: Bench) -> Result:
+    """The same with 20 runs at once on the Daytona backend against its API double (real `daytona` SDK on
+    the wire, each sandbox a local bubblewrap process); FLEET_DAYTONA_MAX_SANDBOXES is raised to 20 so
+    that every run has its sandbox at once."""
+    runs = 20
+    with load.daytona_double(b.work / "daytona-double") as (api_url, double_pid):
+        env = {
+            **web.web_env(b.work / "daytona-load-home", b.sim.base_url, MODEL),
+            "FLEET_SANDBOX": "daytona", "DAYTONA_API_URL": api_url, "DAYTONA_API_KEY": "test-key",
+            "FLEET_DAYTONA_MAX_SANDBOXES": str(runs),
+        }  # fmt: skip
+        data = load.measure_load(
+            b.sim, env, runs, idle_seconds=2.0, leftovers=lambda _pid: load.double_leftovers(api_url, double_pid)
+        )
+    return _load_result("daytona_load", data, "sandboxes and REPL processes in the double")
+
+
 @dataclass(frozen=True)
 class Figure:
     id: str
@@ -394,6 +463,8 @@ FIGURES: list[Figure] = [
     Figure("cold", "Cold start", cold_start),
     Figure("web", "`fleet web` health, cold", web_health),
     Figure("sse", "SSE delivery latency, 100 subscribers", sse_latency),
+    Figure("load", "`fleet web` under load: runs at once, local sandbox", web_load),
+    Figure("daytona_load", "`fleet web` under load: runs at once, Daytona API double", daytona_load, quick=False),
     Figure("desktop", "`fleet desktop` launch to a usable window", desktop_launch),
     Figure("memory", "Peak memory at 100 MB", peak_memory, quick=False),
     Figure("prompt", "Root prompt size after 50 steps", prompt_growth),

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.procs import tree_rss_kb
 from bench.workloads import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,28 +40,6 @@ class Outcome:
     error: str | None = None
 
 
-def _tree_rss_kb(pid: int) -> int:
-    """Resident memory of a process and all its descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        rss[int(entry.name)] = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += rss.get(p, 0)
-        todo.extend(children.get(p, []))
-    return total
-
-
 def measure(cmd: list[str], env: dict[str, str], timeout: float, track_memory: bool = False) -> Outcome:
     """Run one process; the answer is the ``answer`` field of the JSON on its stdout."""
     started = time.perf_counter()
@@ -70,7 +49,7 @@ def measure(cmd: list[str], env: dict[str, str], timeout: float, track_memory: b
 
     def poll() -> None:  # only when asked: polling /proc costs CPU the runtime would otherwise have
         while not done.wait(0.05):
-            peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+            peak[0] = max(peak[0], tree_rss_kb(proc.pid))
 
     watcher = threading.Thread(target=poll, daemon=True) if track_memory else None
     if watcher:

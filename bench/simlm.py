@@ -3,7 +3,7 @@
 recording concurrency and prompt sizes.
 
 ``python -m bench.simlm`` prints ``{"base_url": ...}`` and then answers one JSON command per
-line on stdin (``scenario``, ``config``, ``reset``, ``stats``); ``SimLM`` is the runner's handle.
+line on stdin (``scenario``, ``config``, ``reset``, ``stats``, ``outage``); ``SimLM`` is the runner's handle.
 Before a figure is trusted, ``keepalive_check`` times raw requests on one kept-alive connection:
 a server whose responses stall (the delayed-ACK trap) would inflate every figure.
 """
@@ -14,6 +14,7 @@ import http.client
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,16 @@ def _stats(state: OracleState) -> dict[str, Any]:
     return out
 
 
+def _outage(state: OracleState, phases: list[tuple[int, float]]) -> None:
+    """Fail every request with each phase's HTTP status for its seconds, then answer again."""
+    for status, seconds in phases:
+        with state.lock:
+            state.fail_kind = {"root": status, "sub": status}
+        time.sleep(seconds)
+    with state.lock:
+        state.fail_kind = {}
+
+
 def serve() -> None:
     """The server process: scenarios arrive over stdin; the child policy stays last (a catch-all)."""
     from bench.workloads import CHILD_STEPS, read
@@ -64,6 +75,8 @@ def serve() -> None:
                     state.max_in_flight = 0
             elif op == "stats":
                 reply = _stats(state)
+            elif op == "outage":
+                threading.Thread(target=_outage, args=(state, cmd["phases"]), daemon=True).start()
             else:
                 reply = {"ok": False, "error": f"unknown op {op}"}
             print(json.dumps(reply), flush=True)
@@ -104,6 +117,10 @@ class SimLM:
 
     def stats(self) -> dict[str, Any]:
         return self._call(op="stats")
+
+    def outage(self, phases: list[tuple[int, float]]) -> None:
+        """From now on, every request fails with each (status, seconds) in turn; then all is well."""
+        self._call(op="outage", phases=phases)
 
     def keepalive_check(self, requests: int = 12) -> dict[str, float]:
         """Milliseconds for a fresh connection's first request and the median of later ones."""

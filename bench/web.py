@@ -11,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import http.client
 import os
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 BIN = Path(sys.executable).parent
+SIGN_IN = re.compile(r"(http://127\.0\.0\.1:(\d+))/#token=(\S+)")  # the address `fleet web` prints
 BARE_APP = """\
 import sys
 import uvicorn
@@ -88,22 +91,31 @@ def health_after_launch(env: dict[str, str], repeats: int) -> tuple[float, float
     return min(fleet), min(bare)
 
 
+@dataclass(frozen=True)
+class WebServer:
+    base: str  # http://127.0.0.1:PORT
+    token: str  # the bearer token it printed
+    pid: int
+
+
 @contextmanager
-def web_server(env: dict[str, str]) -> Iterator[tuple[str, str]]:
-    """A ``fleet web`` process; yields its base URL and the token it printed."""
-    port = free_port()
-    cmd = [str(BIN / "fleet"), "web", "--no-open", "--port", str(port)]
+def web_server(env: dict[str, str]) -> Iterator[WebServer]:
+    """A ``fleet web`` process on a port it picks (``--port 0``: no other process can take it
+    between a pick and the bind), until the block ends."""
+    cmd = [str(BIN / "fleet"), "web", "--no-open", "--port", "0"]
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a full pipe would stall the server
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
         try:
             deadline = time.monotonic() + 60
-            while not _health_ok(port):
+            found = None
+            while found is None or not _health_ok(int(found.group(2))):
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"fleet web did not answer /health (exit {proc.poll()})")
+                    log.seek(0)
+                    raise RuntimeError(f"fleet web did not answer /health (exit {proc.poll()}): {log.read()[-500:]}")
                 time.sleep(0.02)
-            log.seek(0)
-            token = log.read().split("#token=", 1)[1].split()[0]
-            yield f"http://127.0.0.1:{port}", token
+                log.seek(0)
+                found = found or SIGN_IN.search(log.read())
+            yield WebServer(found.group(1), found.group(3), proc.pid)
         finally:
             _stop(proc)
 
@@ -114,18 +126,24 @@ async def _subscribe(
     """Read one SSE stream to its end; record (arrival, stored) per event."""
     async with client.stream("GET", url) as response:
         response.raise_for_status()
-        buffer = ""
-        async for chunk in response.aiter_text():
-            now = time.time()
-            buffer += chunk.replace("\r\n", "\n")
-            while "\n\n" in buffer:
-                frame, buffer = buffer.split("\n\n", 1)
-                if frame.startswith("retry:"):
-                    connected.set()
-                for line in frame.split("\n"):
-                    if line.startswith("data: "):
-                        ts = float(line.split('"ts":', 1)[1].split(",", 1)[0])
-                        out.append((now, ts))
+        async for now, frame in sse_frames(response):
+            if frame.startswith("retry:"):
+                connected.set()
+            for line in frame.split("\n"):
+                if line.startswith("data: "):
+                    ts = float(line.split('"ts":', 1)[1].split(",", 1)[0])
+                    out.append((now, ts))
+
+
+async def sse_frames(response: httpx.Response) -> AsyncIterator[tuple[float, str]]:
+    """Each frame of an SSE response as it arrives: (arrival time, the frame's text)."""
+    buffer = ""
+    async for chunk in response.aiter_text():
+        now = time.time()
+        buffer += chunk.replace("\r\n", "\n")
+        while "\n\n" in buffer:
+            frame, buffer = buffer.split("\n\n", 1)
+            yield now, frame
 
 
 async def sse_latency(base: str, token: str, question: str, max_iters: int, subscribers: int) -> dict[str, Any]:

@@ -249,3 +249,33 @@ def timed_answer(answer: str | None) -> tuple[str | None, float | None]:
     """Split a timed workload's answer 'COUNT in SECONDSs' into its parts."""
     found = re.fullmatch(r"\s*(\S+) in ([0-9.]+)s\s*", answer or "")
     return (found.group(1), float(found.group(2))) if found else (answer, None)
+
+
+def load(batch: int = 16) -> Workload:
+    """One run of the `fleet web` load wave: a look at the input, one batch of ``batch``
+    sub-queries, then SUBMIT the count answered right."""
+    tag = "[bench:load]"
+    steps = (
+        "print(len(context), context[:40])",
+        f"answers = llm_query_batched([f'ECHO: slot C{{i}}' for i in range({batch})])\nprint(answers[:3])",
+        "SUBMIT(str(sum(a.strip() == f'C{i}' for i, a in enumerate(answers))))",
+    )
+    return Workload(tag, f"{tag} Fan out once", steps, str(batch), _text_writer("x"), subcalls=batch)
+
+
+def stuck() -> Workload:
+    """A run whose second step sleeps long enough for its sandbox worker to be killed under it."""
+    tag = "[bench:fault:stuck]"
+    steps = ("print('ready')", "import time\ntime.sleep(120)\nprint('woke')", "SUBMIT('not reached')")
+    return Workload(tag, f"{tag} Wait", steps, "", _text_writer("x"))
+
+
+def overfill(volume: str, megabytes: int) -> Workload:
+    """A run that writes ``megabytes`` to a volume, then reports whether its file is still there."""
+    tag = "[bench:fault:overfill]"
+    path = f"volumes[{volume!r}] + '/artifacts/big.bin'"
+    steps = (
+        f"open({path}, 'wb').write(b'x' * {megabytes} * 1024 * 1024)",
+        f"import os\nSUBMIT('kept' if os.path.exists({path}) else 'trimmed')",
+    )
+    return Workload(tag, f"{tag} Store a big file", steps, "trimmed", _text_writer("x"))

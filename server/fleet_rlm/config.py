@@ -3,7 +3,8 @@ the user's ``settings.json`` under ``FLEET_HOME``.
 
 Secrets are ``SecretStr`` and live only in the environment or the keyring: ``fleet-rlm config
 set`` refuses to write them to a file, and every value loaded is registered with
-``fleet_rlm.redaction`` so it is masked wherever it would appear. ``FLEET_HOME`` and the files
+``fleet_rlm.redaction`` so it is masked wherever it would appear. A model key goes only to the
+endpoint it was given for (``key_for``). ``FLEET_HOME`` and the files
 fleet-rlm writes there are private to the user (0700 folders, 0600 files). Keep this module
 light: ``--help`` imports it.
 """
@@ -16,24 +17,36 @@ import json
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, PrivateAttr, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
+    DotEnvSettingsSource,
+    EnvSettingsSource,
     JsonConfigSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
 from fleet_rlm.core.errors import UserError
+from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.redaction import remember_secrets
 
 KEYRING_SERVICE = "fleet-rlm"
 SECRET_FIELDS = ("lm_api_key", "sub_lm_api_key", "daytona_api_key", "mcp_token", "agent_lm_api_key")
+
+Role = Literal["root", "sub", "agent"]
+# Each model role's settings: its model, its base URL and its key.
+ROLE_FIELDS: dict[Role, tuple[str, str, str]] = {
+    "root": ("lm_model", "lm_api_base", "lm_api_key"),
+    "sub": ("sub_lm_model", "sub_lm_api_base", "sub_lm_api_key"),
+    "agent": ("agent_lm_model", "agent_lm_api_base", "agent_lm_api_key"),
+}
 
 
 def default_home() -> Path:
@@ -54,6 +67,99 @@ def private_dir(path: Path) -> Path:
     if info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and info.st_mode & 0o077:
         path.chmod(stat.S_IMODE(info.st_mode) & 0o700)
     return path
+
+
+# -- where a model's requests, and so its key, go -----------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a model's requests go: its base URL, or the provider's own endpoint when it has none.
+
+    The provider counts only without a base: with one, the base is the host whatever the provider,
+    and without one, a different provider is a different host (another company, or a local port)."""
+
+    base: str | None = None
+    provider: str | None = None
+
+    def __str__(self) -> str:
+        return self.base or f"{self.provider}'s own endpoint"
+
+    def to_json(self) -> str:
+        return json.dumps({"base": self.base, "provider": self.provider})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Endpoint | None:
+        try:
+            data = json.loads(text or "")
+            return cls(base=data.get("base"), provider=data.get("provider"))
+        except (ValueError, AttributeError):
+            return None
+
+
+def normalise_base(url: str) -> str:
+    """One spelling per server: scheme and host lower-cased, no default port, no trailing slash."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:  # not a URL we can take apart: compared as written
+        return text.rstrip("/")
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    if port is not None and _DEFAULT_PORTS.get(scheme) != port:
+        host += f":{port}"
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{host}" if userinfo else host
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
+
+
+def provider_of(model: str) -> str:
+    """The LiteLLM provider a model string routes to: its prefix (openai/gpt-4o-mini: openai)."""
+    prefix, slash, _ = model.strip().partition("/")
+    if slash:
+        return prefix.strip().lower()
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+    try:  # a bare name (gpt-4o-mini): LiteLLM knows its provider; imported only for these
+        import litellm
+
+        litellm.suppress_debug_info = True
+        return str(litellm.get_llm_provider(model.strip())[1])
+    except Exception:
+        return model.strip().lower()  # unknown to LiteLLM: a provider of its own, equal only to itself
+
+
+def role_model_and_base(values: Mapping[str, Any], role: Role) -> tuple[str | None, str | None]:
+    """The model and base URL ``role`` uses: its own, else the root's (the agent's own model keeps
+    no root base: it names its own provider)."""
+    model, base = values.get("lm_model"), values.get("lm_api_base")
+    if role == "root":
+        return model, base
+    own_model, own_base, _ = ROLE_FIELDS[role]
+    inherited = base if role == "sub" or not values.get(own_model) else None
+    return values.get(own_model) or model, values.get(own_base) or inherited
+
+
+def endpoint_of(values: Mapping[str, Any], role: Role) -> Endpoint | None:
+    """Where ``role``'s requests go under ``values`` (settings, or one source's values); None: no model."""
+    model, base = role_model_and_base(values, role)
+    if base:
+        return Endpoint(base=normalise_base(base))
+    return Endpoint(provider=provider_of(model)) if model else None
+
+
+@dataclass(frozen=True)
+class BoundKey:
+    """A model key with the one endpoint it may be sent to (None: none) and where it was found."""
+
+    value: SecretStr
+    endpoint: Endpoint | None
+    origin: str
 
 
 class Settings(BaseSettings):
@@ -78,6 +184,19 @@ class Settings(BaseSettings):
     lm_max_tokens: int | None = Field(None, ge=1, description="Max tokens per reply; unset: the provider's.")
     lm_retries: int = Field(3, ge=0, le=10, description="Retries on 429/5xx/timeouts, with backoff.")
     lm_timeout: float = Field(120.0, gt=0, description="Seconds before one model call times out.")
+    # Prices for models LiteLLM has none for (local servers), so max_cost can be enforced; both or neither.
+    lm_price_per_mtok_in: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens of the root model; set: used instead of LiteLLM's."
+    )
+    lm_price_per_mtok_out: float | None = Field(
+        None, ge=0, description="USD per million reply tokens of the root model; set: used instead of LiteLLM's."
+    )
+    sub_lm_price_per_mtok_in: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens of the sub model; unset: the root's, for its model."
+    )
+    sub_lm_price_per_mtok_out: float | None = Field(
+        None, ge=0, description="USD per million reply tokens of the sub model; unset: the root's, for its model."
+    )
 
     sandbox: str = Field("local", description="Where code runs: a sandbox backend (local or daytona).")
     isolation: Literal["auto", "bwrap", "none"] = Field("auto", description="Local sandbox isolation.")
@@ -85,12 +204,32 @@ class Settings(BaseSettings):
     memory_mb: int = Field(2048, ge=64, description="Memory cap of the whole sandbox (all its processes), MB.")
     max_procs: int = Field(64, ge=1, description="Processes and threads sandboxed code may run at once.")
     output_chars: int = Field(10_000, ge=200, description="Output of one step the model sees (head+tail).")
+    work_quota_mb: int = Field(
+        1024, ge=1, description="Disk use of a sandbox's work folder (/fleet/work), MB; a step past it is trimmed."
+    )
+    work_max_files: int = Field(
+        100_000, ge=1, description="Entries (files, folders, links) in a sandbox's work folder."
+    )
+    host_call_mb: int = Field(
+        128, ge=1, description="Host-call data (prompts, contexts) one sandbox may have on the host at once, MB."
+    )
+    host_call_total_mb: int = Field(
+        512, ge=1, description="Host-call data all sandboxes of this process may have on the host at once, MB."
+    )
+    subcall_max_chars: int = Field(
+        4_000_000, ge=1, description="Longest llm_query prompt, characters; a longer one fails in the REPL, unsent."
+    )
 
-    max_iters: int = Field(20, ge=1, description="Steps per RLM node.")
-    max_llm_calls: int = Field(500, ge=1, description="Model calls per run, all nodes together.")
-    max_depth: int = Field(2, ge=0, description="Child RLM nesting depth (0: rlm_query is a plain call).")
-    max_seconds: float = Field(1800.0, gt=0, description="Wall time per run.")
-    max_cost: float | None = Field(None, gt=0, description="USD per run, where LiteLLM knows prices.")
+    # Bounds, defaults and descriptions from the one declaration of the run limits (core/limits.py).
+    max_iters: int = Field(MAX_ITERS.default, **MAX_ITERS.pydantic_bounds(), description=f"{MAX_ITERS.meaning}.")
+    max_llm_calls: int = Field(
+        MAX_LLM_CALLS.default, **MAX_LLM_CALLS.pydantic_bounds(), description=f"{MAX_LLM_CALLS.meaning}."
+    )
+    max_depth: int = Field(MAX_DEPTH.default, **MAX_DEPTH.pydantic_bounds(), description=f"{MAX_DEPTH.meaning}.")
+    max_seconds: float = Field(
+        MAX_SECONDS.default, **MAX_SECONDS.pydantic_bounds(), description=f"{MAX_SECONDS.meaning}."
+    )
+    max_cost: float | None = Field(MAX_COST.default, **MAX_COST.pydantic_bounds(), description=f"{MAX_COST.meaning}.")
     concurrency: int = Field(16, ge=1, le=256, description="Concurrent sub-calls per batch.")
     child_concurrency: int = Field(4, ge=1, le=64, description="Concurrent child RLMs per batch.")
     context_roots: str | None = Field(
@@ -150,8 +289,20 @@ class Settings(BaseSettings):
         None, description="Hosts or networks (comma-separated) the agent may fetch from although private or loopback."
     )
 
+    # Every model key found, in the order the sources are read, with the endpoint it may go to.
+    _model_keys: dict[str, tuple[BoundKey, ...]] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        self._model_keys = _bound_model_keys(values)
+        remember_secrets([k.value.get_secret_value() for keys in self._model_keys.values() for k in keys])
+
     def model_post_init(self, _context: Any) -> None:
         remember_secrets(self.secret_values())
+
+    def bound_keys(self, field: str) -> tuple[BoundKey, ...]:
+        """The values found for a model key (lm_api_key...), first source first, each with its endpoint."""
+        return self._model_keys.get(field, ())
 
     def secret_values(self) -> list[str]:
         """Every secret these settings hold (keys, tokens), in clear: for masking, never for showing."""
@@ -290,6 +441,116 @@ def keyring_delete(name: str) -> bool:
     return True
 
 
+# -- which key each model sends -------------------------------------------------------------------
+#
+# A key goes only to the endpoint it was given for. A key in the keyring is saved together with the
+# endpoint its model used when it was saved (only ``save_settings`` writes either, and only when the
+# key itself is in the change). A key in the environment or .env, which no face can write, is for the
+# endpoint the environment and .env name; a key saved by an older version, with no endpoint beside
+# it, is treated the same. settings.json, which every face writes, can move a model but never a key.
+
+
+def _binding_name(field: str) -> str:
+    return f"{field}.endpoint"
+
+
+def forget_secret(name: str) -> bool:
+    """Remove a secret from the keyring, with the endpoint saved for it; True if it was there."""
+    keyring_delete(_binding_name(name))
+    return keyring_delete(name)
+
+
+def _bound(value: Any, endpoint: Endpoint | None, origin: str) -> BoundKey | None:
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    return BoundKey(SecretStr(text), endpoint, origin) if isinstance(text, str) and text.strip() else None
+
+
+def _pinned_sources() -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the environment and .env set, read as the settings read them: the sources no face writes."""
+    return EnvSettingsSource(Settings)(), DotEnvSettingsSource(Settings)()
+
+
+def _bound_model_keys(init: Mapping[str, Any]) -> dict[str, tuple[BoundKey, ...]]:
+    """Every value of each model key, in the settings' source order, each bound to its endpoint."""
+    env, dotenv = _pinned_sources()
+    pinned = {**dotenv, **env, **init}  # the caller's own values count as pinned too
+    keys: dict[str, tuple[BoundKey, ...]] = {}
+    for role, (_, _, field) in ROLE_FIELDS.items():
+        named = endpoint_of(pinned, role)
+        found = (
+            _bound(init.get(field), named, "the caller's settings"),
+            _bound(env.get(field), named, f"the environment ({env_name(field)})"),
+            _keyring_key(field, named),
+            _bound(dotenv.get(field), named, ".env"),
+        )
+        keys[field] = tuple(key for key in found if key is not None)
+    return keys
+
+
+def _keyring_key(field: str, named: Endpoint | None) -> BoundKey | None:
+    if not _keyring_wanted():
+        return None
+    value = keyring_get(field)
+    if not value:
+        return None
+    saved = keyring_get(_binding_name(field))
+    if saved is None:  # saved by an older version: only where the environment and .env point
+        return _bound(value, named, "the keyring (saved by an older version)")
+    return _bound(value, Endpoint.from_json(saved), "the keyring")
+
+
+@dataclass(frozen=True)
+class KeyChoice:
+    """The key a model sends (None: none) and, when a configured key stays behind, why (no secret)."""
+
+    value: str | None
+    note: str | None = None
+
+
+def key_for(settings: Settings, role: Role) -> KeyChoice:
+    """The key ``role``'s requests carry: one bound to the endpoint they go to, else none.
+
+    The role's own key comes first; the sub model and the agent use the root's key only when they
+    use the root's endpoint."""
+    values = dict(settings)
+    target = endpoint_of(values, role)
+    if target is None:  # no model: build_lm says so
+        return KeyChoice(None)
+    field = ROLE_FIELDS[role][2]
+    own = settings.bound_keys(field)
+    shared = role != "root" and target == endpoint_of(values, "root")
+    root = settings.bound_keys("lm_api_key") if role != "root" else ()
+    for key in (*own, *(root if shared else ())):
+        if key.endpoint == target:
+            return KeyChoice(key.value.get_secret_value())
+    if own:
+        return KeyChoice(None, _withheld(field, own[0], target))
+    if shared and root:
+        return KeyChoice(None, _withheld("lm_api_key", root[0], target))
+    if root:
+        return KeyChoice(None, f"no API key is sent to {target}: lm_api_key is only for the root model's "
+                               f"endpoint; give this model its own with `fleet-rlm config set {field}` "
+                               "or the Settings page")  # fmt: skip
+    return KeyChoice(None)
+
+
+def withheld_keys(settings: Settings) -> dict[str, str]:
+    """Each model key that is set but not sent, because it is for another endpoint than its model's: why."""
+    values = dict(settings)
+    withheld = {}
+    for role, (_, _, field) in ROLE_FIELDS.items():
+        own, target = settings.bound_keys(field), endpoint_of(values, role)
+        if own and target is not None and all(key.endpoint != target for key in own):
+            withheld[field] = _withheld(field, own[0], target)
+    return withheld
+
+
+def _withheld(field: str, key: BoundKey, target: Endpoint) -> str:
+    given = key.endpoint or "no endpoint (the environment and .env name no model or base for it)"
+    return (f"the API key was withheld from {target}: {field} from {key.origin} is for {given}; give it "
+            f"again for this endpoint with `fleet-rlm config set {field}` or the Settings page")  # fmt: skip
+
+
 class ConfigError(UserError):
     """A setting is missing or wrong; the message says how to fix it."""
 
@@ -376,7 +637,17 @@ def update_user_settings(change: Callable[[dict[str, Any]], None]) -> None:
 # -- listing and saving settings (shared by `fleet-rlm config` and the web app) -----------------
 
 SETTING_SOURCES = ("env", "keyring", "dotenv", "file", "default")
-RESTART_ONLY = frozenset({"home"})  # where the store lives: a running server cannot move it
+# What a running server must not change (the web app refuses it), with how to change it instead.
+RESTART_ONLY = {
+    "home": "it is where the store lives; set FLEET_HOME and restart",
+    "context_roots": "it guards which host files runs may read; set FLEET_CONTEXT_ROOTS or run "
+    "`fleet-rlm config set context_roots FOLDERS`, then restart",
+    # The Daytona key goes wherever this points: a face that can save settings must not move it.
+    "daytona_api_url": "the Daytona API key is sent there; set DAYTONA_API_URL or run "
+    "`fleet-rlm config set daytona_api_url URL`, then restart",
+    "agent_allowed_hosts": "it opens private and loopback hosts to the agent's fetches; set "
+    "FLEET_AGENT_ALLOWED_HOSTS or run `fleet-rlm config set agent_allowed_hosts HOSTS`, then restart",
+}
 
 
 def dotenv_settings() -> dict[str, str | None]:
@@ -405,6 +676,7 @@ def describe_settings() -> list[dict[str, Any]]:
     hides a saved value (a saved change then has no effect until the variable is unset)."""
     settings = load_settings()
     dotenv, saved = dotenv_settings(), read_user_settings()
+    withheld = withheld_keys(settings)
     rows = []
     for name, info in Settings.model_fields.items():
         secret = name in SECRET_FIELDS
@@ -421,6 +693,8 @@ def describe_settings() -> list[dict[str, Any]]:
             "secret": secret,
             "set": value is not None,
             "overridden_by_env": source == "env" and hidden,
+            "withheld": withheld.get(name),
+            "restart_only": RESTART_ONLY.get(name),
             "description": info.description or "",
         })  # fmt: skip
     return rows
@@ -437,17 +711,20 @@ def validate_setting(name: str, value: Any, values: dict[str, Any]) -> None:
         raise UserError(f"{name} = {value!r} is not valid: {reasons}") from None
 
 
-def save_settings(changes: dict[str, Any]) -> None:
+def save_settings(changes: dict[str, Any], *, running: bool = False) -> None:
     """Save several settings at once: secrets to the OS keyring, the rest to ``settings.json``.
 
     A null or empty value removes the saved one. Everything is checked before anything is written,
-    and secrets are refused (with the fix) when no secure keyring is available."""
+    and secrets are refused (with the fix) when no secure keyring is available. A model key is saved
+    with the endpoint its model uses once the change applies (``key_for``). ``running``: the change
+    comes through a running server, which refuses ``RESTART_ONLY`` settings."""
     unknown = sorted(set(changes) - set(Settings.model_fields))
     if unknown:
         raise UserError(f"unknown setting(s) {', '.join(unknown)}: GET /api/settings or `fleet-rlm config list`")
-    fixed = sorted(set(changes) & RESTART_ONLY)
+    fixed = [f"{name} cannot be changed while running: {RESTART_ONLY[name]}" for name in changes
+             if running and name in RESTART_ONLY]  # fmt: skip
     if fixed:
-        raise UserError(f"{', '.join(fixed)} cannot be changed while running: set FLEET_HOME and restart")
+        raise UserError("; ".join(fixed))
     secrets = {k: v for k, v in changes.items() if k in SECRET_FIELDS}
     for name, value in secrets.items():
         if value not in (None, "") and not isinstance(value, str):
@@ -467,10 +744,32 @@ def save_settings(changes: dict[str, Any]) -> None:
             else:
                 validate_setting(name, value, {k: v for k, v in saved.items() if k != name})
                 saved[name] = value
+        endpoints = _endpoints_for_keys([k for k, v in secrets.items() if v], saved)
         for name, value in secrets.items():  # only once every value has passed
-            if value:
-                keyring_set(name, value)
-            else:
-                keyring_delete(name)
+            if not value:
+                forget_secret(name)
+                continue
+            # The old endpoint goes first: a save cut short leaves the new key bound to none (the
+            # environment's, as an older version's key is), never to the previous key's endpoint.
+            keyring_delete(_binding_name(name))
+            keyring_set(name, value)
+            if name in endpoints:
+                keyring_set(_binding_name(name), endpoints[name].to_json())
 
     update_user_settings(apply)
+
+
+def _endpoints_for_keys(fields: list[str], saved: dict[str, Any]) -> dict[str, Endpoint]:
+    """The endpoint each model key in ``fields`` is for once ``saved`` is settings.json (the
+    environment and .env still win); refused, with the fix, for a model key with no model yet."""
+    env, dotenv = _pinned_sources()
+    values = {**saved, **dotenv, **env}
+    roles = {field: role for role, (_, _, field) in ROLE_FIELDS.items()}
+    endpoints = {}
+    for field in (f for f in fields if f in roles):
+        endpoint = endpoint_of(values, roles[field])
+        if endpoint is None:
+            raise UserError(f"{field} is kept for its model's endpoint and no model is set: save lm_model "
+                            "(and lm_api_base for a server of your own) first, or together with the key")  # fmt: skip
+        endpoints[field] = endpoint
+    return endpoints

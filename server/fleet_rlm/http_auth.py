@@ -13,11 +13,12 @@ it. So HTTP needs a bearer token by default:
 ``GET /health`` stays open and says only that the server is up. Standard library and
 Starlette only: no runtime, no MCP.
 
-Browsers (the web UI, the desktop shell's window) cannot put a header on an ``EventSource``, so
-a ``Guard`` with ``cookies=True`` also trades the token for a session cookie: ``POST /api/auth
-{"token": ...}`` answers 204 with ``fleet_session`` (HttpOnly, SameSite=Strict, Path=/), whose
-value is derived from the token (HMAC), not the token itself; ``DELETE /api/auth`` clears it. A
-request carrying that cookie counts as carrying the bearer token.
+Browser pages (the web UI, the desktop shell's window) never hold the token and never get a
+cookie: browsers send cookies for 127.0.0.1 to every port, so any other local web app would
+receive one. A ``Guard`` with ``BrowserSessions`` trades the token for a random session id
+instead: ``POST /api/auth {"token": ...}`` answers ``{"session": ...}``, the page keeps it in its
+tab's ``sessionStorage`` (per origin, port included) and sends it as the bearer; ``DELETE
+/api/auth`` with it revokes it. Session ids live in this process only and end after an idle spell.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import os
 import secrets
 import socket
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -45,8 +48,8 @@ MAX_SESSIONS_ENV = "FLEET_MCP_MAX_SESSIONS"
 DEFAULT_MAX_SESSIONS = 64
 HEALTH_PATH = "/health"
 AUTH_PATH = "/api/auth"
-COOKIE_NAME = "fleet_session"
-_COOKIE_CONTEXT = b"fleet-rlm browser session v1"
+SESSION_IDLE_SECONDS = 8 * 3600  # a working day: a tab left open over lunch stays signed in
+MAX_BROWSER_SESSIONS = 256
 _MAX_AUTH_BODY = 4096
 LOOPBACK_NAMES = ("localhost",)
 
@@ -104,7 +107,10 @@ def listen(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (port 0: any free one), ready before anything is announced."""
     bare = host.strip("[]")
     family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # The protocol named, not 0: asyncio turns Nagle off only on accepted sockets whose proto is
+    # IPPROTO_TCP, and with Nagle on a response sent as headers then body waits ~40 ms for the
+    # client's delayed ACK on every later request of a kept-alive connection.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((bare, port))
@@ -157,28 +163,54 @@ def bearer_matches(header: bytes | None, token: str) -> bool:
     return same and scheme.lower() == b"bearer" and bool(given)
 
 
-def session_value(token: str) -> str:
-    """What the session cookie holds: derived from the token, so a cookie is never the token itself."""
-    return hmac.new(token.encode(), _COOKIE_CONTEXT, hashlib.sha256).hexdigest()
+def _bearer_credential(header: bytes | None) -> bytes:
+    """What an ``Authorization: Bearer <credential>`` header carries (scheme in any case); b"" otherwise."""
+    scheme, _, given = (header or b"").partition(b" ")
+    return given.strip() if scheme.lower() == b"bearer" else b""
 
 
-def cookie_matches(header: bytes | None, token: str) -> bool:
-    """Does a ``Cookie`` header carry this token's session cookie? Constant time; blank never matches."""
-    if not header or not token:
-        return False
-    expected, found = session_value(token).encode(), False
-    for part in header.split(b";"):
-        name, _, value = part.strip().partition(b"=")
-        if name == COOKIE_NAME.encode():
-            found = hmac.compare_digest(value.strip(), expected) or found
-    return found
+class BrowserSessions:
+    """Sign-ins of browser pages: random ids known to this server process only.
+
+    An id ends when its page signs out (``close``), after ``idle_seconds`` without a request, when
+    more than ``limit`` are open (the least recently used goes first), and with the process. Ids are
+    kept as SHA-256 digests, so looking one up says nothing through timing about stored ids."""
+
+    def __init__(self, idle_seconds: float = SESSION_IDLE_SECONDS, limit: int = MAX_BROWSER_SESSIONS,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._idle, self._limit, self._clock = idle_seconds, limit, clock
+        self._last_used: OrderedDict[bytes, float] = OrderedDict()  # digest -> last use, oldest first
+
+    def open(self) -> str:
+        """A new session id."""
+        now, session = self._clock(), secrets.token_urlsafe(32)
+        self._last_used[_digest(session.encode())] = now
+        while self._last_used:  # drop, least recently used first, what is past the limit or idle too long
+            oldest = next(iter(self._last_used.values()))
+            if len(self._last_used) <= self._limit and now - oldest <= self._idle:
+                break
+            self._last_used.popitem(last=False)
+        return session
+
+    def check(self, given: bytes) -> bool:
+        """Is ``given`` a live session id? A live one counts as used now."""
+        key = _digest(given)
+        last = self._last_used.get(key)
+        now = self._clock()
+        if last is None or now - last > self._idle:
+            self._last_used.pop(key, None)
+            return False
+        self._last_used[key] = now
+        self._last_used.move_to_end(key)
+        return True
+
+    def close(self, given: bytes) -> None:
+        """Revoke ``given`` (nothing happens for an unknown id)."""
+        self._last_used.pop(_digest(given), None)
 
 
-def session_cookie(token: str | None) -> bytes:
-    """The ``Set-Cookie`` value for a browser session on ``token``; None clears the cookie."""
-    value = session_value(token) if token else ""
-    expiry = "" if token else "; Max-Age=0"
-    return f"{COOKIE_NAME}={value}; HttpOnly; SameSite=Strict; Path=/{expiry}".encode()
+def _digest(session: bytes) -> bytes:
+    return hashlib.sha256(session).digest()
 
 
 async def _read_small(receive: Receive, limit: int) -> bytes | None:
@@ -211,15 +243,21 @@ async def send_json(send: Send, status: int, payload: dict[str, object], headers
 class Guard:
     """ASGI wrapper: ``GET /health`` answers openly; everything else needs the bearer token (if any).
 
-    ``cookies``: also serve the cookie exchange at ``AUTH_PATH`` and accept the session cookie.
+    ``sessions``: also serve the session exchange at ``AUTH_PATH`` and accept a live browser session
+    id as the bearer (``/mcp`` behind keeps its own Guard, which wants the token itself).
     ``is_open(path)``: GET/HEAD of such paths needs nothing (static files with no data in them)."""
 
     def __init__(
-        self, app: ASGIApp, token: str | None, *, cookies: bool = False, is_open: Callable[[str], bool] | None = None
+        self,
+        app: ASGIApp,
+        token: str | None,
+        *,
+        sessions: BrowserSessions | None = None,
+        is_open: Callable[[str], bool] | None = None,
     ) -> None:
         self.app = app
         self._token = token
-        self._cookies = cookies
+        self._sessions = sessions
         self._is_open = is_open
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,34 +268,33 @@ class Guard:
         if path == HEALTH_PATH and method in ("GET", "HEAD"):
             await send_json(send, 200, {"status": "ok"}, [])  # nothing about the machine or the runs
             return
-        if self._cookies and path == AUTH_PATH:
-            await self._exchange(scope, receive, send)
+        if self._sessions is not None and path == AUTH_PATH:
+            await self._exchange(scope, receive, send, self._sessions)
             return
         if self._token is not None and not (self._is_open and method in ("GET", "HEAD") and self._is_open(path)):
-            if bearer_matches(_header(scope, b"authorization"), self._token):
-                pass
-            elif self._cookies and cookie_matches(_header(scope, b"cookie"), self._token):
-                # Passed on as the bearer token, so an app behind with its own Guard (MCP) accepts it too.
-                headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
-                scope = {**scope, "headers": [*headers, (b"authorization", b"Bearer " + self._token.encode())]}
-            else:
+            authorization = _header(scope, b"authorization")
+            signed_in = self._sessions is not None and self._sessions.check(_bearer_credential(authorization))
+            if not (signed_in or bearer_matches(authorization, self._token)):
                 await self._refuse(send)
                 return
         await self.app(scope, receive, send)
 
     async def _refuse(self, send: Send) -> None:
         browser = "open the address `fleet web` printed (it carries the token), paste the token into the page, or "
+        hint = browser if self._sessions is not None else ""
         message = (
-            f"missing or wrong bearer token: {browser if self._cookies else ''}send 'Authorization: Bearer <token>' "
+            f"missing or wrong bearer token: {hint}send 'Authorization: Bearer <token>' "
             f"with the token the server printed at launch, or the configured {TOKEN_ENV}"
         )
         challenge = [(b"www-authenticate", b'Bearer realm="fleet-rlm"')]
         await send_json(send, 401, {"error": "unauthorized", "message": message}, challenge)
 
-    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST {"token"}``: 204 with the session cookie; ``DELETE``: 204 clearing it."""
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send, sessions: BrowserSessions) -> None:
+        """``POST {"token"}``: a new session id (replacing one presented as the bearer); ``DELETE``: 204, the
+        session id presented as the bearer revoked."""
         if scope["method"] == "DELETE":
-            await _send_empty(send, 204, [(b"set-cookie", session_cookie(None))])
+            sessions.close(_bearer_credential(_header(scope, b"authorization")))
+            await _send_empty(send, 204, [])
             return
         if scope["method"] != "POST":
             await send_json(send, 405, {"error": "method_not_allowed", "message": "use POST or DELETE"}, [])
@@ -271,13 +308,14 @@ class Guard:
             message = 'send {"token": "<the token fleet web printed>"} as JSON'
             await send_json(send, 400, {"error": "bad_request", "message": message}, [])
             return
-        if self._token is None:  # no authentication on this server: nothing to trade
-            await _send_empty(send, 204, [])
+        if self._token is None:  # no authentication on this server: nothing to hold
+            await send_json(send, 200, {"session": None}, [(b"cache-control", b"no-store")])
             return
         if not given or not hmac.compare_digest(given.encode(), self._token.encode()):
             await self._refuse(send)
             return
-        await _send_empty(send, 204, [(b"set-cookie", session_cookie(self._token))])
+        sessions.close(_bearer_credential(_header(scope, b"authorization")))  # a tab signing in again: its old id ends
+        await send_json(send, 200, {"session": sessions.open()}, [(b"cache-control", b"no-store")])
 
 
 async def _send_empty(send: Send, status: int, headers: list[tuple[bytes, bytes]]) -> None:

@@ -1,10 +1,12 @@
 """Masking secrets out of everything fleet-rlm writes, shows or hands back into a sandbox.
 
-Two nets, applied together by ``redact_text`` (strings) and ``redact`` (JSON-like data):
+Two nets, applied together by ``redact_text`` (strings) and ``redact`` (JSON-like data); ``redact_known``
+applies the first alone, for what a person must see exactly:
 
 * the configured secret values themselves (every key the settings hold), registered by
   ``Settings`` when it loads, so a provider error that echoes a header or a key in any shape
-  of text is masked whatever the key looks like;
+  of text is masked whatever the key looks like: whole, reversed, or split into pieces by white
+  space, quotes, commas or brackets (pieces out of order, or only some of them, are not matched);
 * key-shaped patterns (``sk-...``, ``Bearer ...``, GitHub/Hugging Face/Slack tokens) for keys
   fleet-rlm was never told about, and values under secret-looking dict keys (``api_key``, ...).
 
@@ -20,7 +22,16 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["MASK", "MIN_SECRET_CHARS", "RedactingFormatter", "redact", "redact_text", "remember_secrets"]
+__all__ = [
+    "MASK",
+    "MIN_SECRET_CHARS",
+    "RedactingFormatter",
+    "holds_known_secret",
+    "redact",
+    "redact_known",
+    "redact_text",
+    "remember_secrets",
+]
 
 MASK = "***"
 # Shorter values are not masked by value: masking "abc" everywhere would mangle ordinary text,
@@ -41,6 +52,11 @@ _SECRET_SHAPE = re.compile(
     re.IGNORECASE,
 )
 
+# What may stand between the pieces of a key printed in parts: white space, quotes, commas, brackets, "+",
+# and the escapes JSON writes for a newline, tab, quote or backslash.
+_GAP_CHARS = " \t\r\n\"'`,;+|()[]{}<>"
+_GAP_ESCAPES = r"\\[nrt\"'\\]"
+
 _lock = threading.Lock()
 _known: frozenset[str] = frozenset()
 _known_pattern: re.Pattern[str] | None = None  # None: no secret configured, skip the pass
@@ -55,8 +71,19 @@ def remember_secrets(values: Iterable[str | None]) -> None:
     with _lock:
         known = _known | fresh
         # Longest first, so a key that contains another is masked whole.
-        alternation = "|".join(re.escape(v) for v in sorted(known, key=len, reverse=True))
+        forms = dict.fromkeys(f for v in sorted(known, key=len, reverse=True) for f in (v, v[::-1]))
+        alternation = "|".join(_in_pieces(f) for f in forms)
         _known_pattern, _known = re.compile(alternation), frozenset(known)
+
+
+def _in_pieces(value: str) -> str:
+    """A pattern for ``value`` whole or split anywhere by runs of separators (a key printed in pieces).
+
+    A separator that occurs in the value itself is left out, so each gap and the next character of the
+    value never compete for a character: the match is linear (and the gaps possessive)."""
+    chars = "".join(c for c in _GAP_CHARS if c not in value)
+    gap = f"[{re.escape(chars)}]" if "\\" in value else f"(?:[{re.escape(chars)}]|{_GAP_ESCAPES})"
+    return f"{gap}*+".join(re.escape(c) for c in value)
 
 
 def redact_text(text: str) -> str:
@@ -65,6 +92,28 @@ def redact_text(text: str) -> str:
     if pattern is not None:
         text = pattern.sub(MASK, text)
     return _SECRET_SHAPE.sub(MASK, text)
+
+
+def holds_known_secret(text: str) -> bool:
+    """Whether ``text`` contains a configured secret value."""
+    pattern = _known_pattern
+    return pattern is not None and pattern.search(text) is not None
+
+
+def redact_known(data: Any) -> Any:
+    """A copy of JSON-like ``data`` with only the configured secret values masked: no key shapes, no
+    secret-looking dict keys. For what a person must see exactly (an approval card), where a key-shaped
+    word that is no configured secret is what will run, so masking it would hide that."""
+    pattern = _known_pattern
+    if pattern is None:
+        return data
+    if isinstance(data, dict):
+        return {k: redact_known(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact_known(v) for v in data]
+    if isinstance(data, str):
+        return pattern.sub(MASK, data)
+    return data
 
 
 @functools.lru_cache(maxsize=4096)  # the same few keys come back in every event

@@ -2,7 +2,7 @@
 
 The page (webui/static/app.js) opened at ``/?desktop`` marks ``<html data-desktop="waiting">``;
 the shell then runs a script that hands it this launch's token in a ``fleet-desktop-token``
-event, and the page trades it for the web app's HttpOnly session cookie. The script checks the
+event, and the page trades it for a browser session id (no cookie). The script checks the
 page's origin itself, so a page of any other origin never receives the token. Nothing is exposed
 the other way (no ``js_api``): a script in the window has nothing of the shell's to call.
 """

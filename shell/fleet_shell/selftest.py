@@ -54,7 +54,7 @@ class SelfTest:
         if not bridge.wait_for(window, bridge.READY_JS, READY_SECONDS):
             shown = window.run_js("document.body ? document.body.innerText.slice(0, 200) : ''")
             raise SelfTestFailed(f"the UI did not sign in with the bridge's token; it shows: {shown!r}")
-        self.say("UI rendered and signed in through the JS bridge (token handed over, session cookie set)")
+        self.say("UI rendered and signed in through the JS bridge (token handed over, session id held)")
         status, _ = server.request("GET", "/api/runs?limit=1")
         if status != 200:
             raise SelfTestFailed(f"the server's API answered {status} with the launch token")

@@ -1,7 +1,7 @@
 """The desktop's server: the web app (``fleet_rlm.web.app.create_app``) on uvicorn in a thread.
 
 It listens on a random free loopback port and requires a token minted for this launch only: the
-window receives it through the JS bridge and trades it for the web app's session cookie, so no
+window receives it through the JS bridge and trades it for a browser session id, so no
 other local program or web page can drive this server. The token is never printed, logged or
 written anywhere.
 """

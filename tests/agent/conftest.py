@@ -13,7 +13,7 @@ from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.uploads import UploadWriter
 from tests.support import fake_sandbox
 from tests.support.agent_lm import AgentLM, Call, Policy, Say
-from tests.support.oracle_lm import OracleLM
+from tests.support.oracle_lm import PRICED, OracleLM
 from tests.support.workloads import write_haystack
 
 CODE = "KESTREL42"
@@ -62,6 +62,7 @@ def agent_env(
         "FLEET_AGENT_LM_MODEL": "openai/agent",
         "FLEET_AGENT_LM_API_BASE": agent_lm.base_url,
         "FLEET_AGENT_LM_API_KEY": "sk-test-agent-0000",
+        **PRICED,  # a run's cost cap is enforceable, so one within the threshold is approved by policy
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)

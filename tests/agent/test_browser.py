@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect, sync_playwright
 
 from tests.agent.conftest import CODE, MEMORY, memory_file
+from tests.support.agent_lm import AgentLM, Call, Policy
 from tests.support.workloads import write_haystack
 from tests.web.conftest import fleet_web
 from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
@@ -83,3 +84,23 @@ def test_chat_runs_an_rlm_and_an_approval_survives_a_restart(
         ui.page.screenshot(path=str(tmp_path / "chat.png"))
         assert ui.errors == [], ui.errors
     assert memory_file(agent_env["FLEET_HOME"]).read_text() == MEMORY
+
+
+def test_a_card_that_cannot_show_its_call_offers_reject_only(
+    agent_env: dict[str, str], agent_lm: AgentLM, browser: Browser, tmp_path: Path
+) -> None:
+    key = agent_env["FLEET_LM_API_KEY"]  # a configured secret: the card cannot show it
+    agent_lm.add(Policy("keep the key", [Call("write_memory", {"path": "keys.md", "text": f"key: {key}"})]))
+    with chat_web(agent_env, tmp_path) as login, open_page(browser, None, tmp_path) as ui:  # type: ignore[arg-type]
+        page = ui.page
+        open_chat(page, login)
+        page.get_by_role("textbox", name="Message").fill("keep the key")
+        page.get_by_role("button", name="Send").click()
+        card = page.get_by_role("group", name="Approval for write_memory")
+        expect(card).to_contain_text("It cannot be approved: the note contains a configured secret", timeout=60_000)
+        expect(card.get_by_role("button", name="Reject")).to_be_visible()
+        expect(card.get_by_role("button", name="Approve", exact=True)).to_have_count(0)
+        expect(card.get_by_role("button", name="Always in this conversation")).to_have_count(0)
+        assert key not in card.inner_text()
+        assert ui.errors == [], ui.errors
+    assert not (memory_file(agent_env["FLEET_HOME"]).parent / "keys.md").exists()

@@ -57,3 +57,11 @@ def test_pending_approval_from_another_face_is_asked_at_start(agent_env: dict[st
     assert "1 approval(s) wait for you" in second.stderr, second.stderr
     assert second.returncode == 0 and "wrote" in second.stdout
     assert memory_file(agent_env["FLEET_HOME"]).read_text() == MEMORY
+
+
+def test_attaching_a_path_too_long_for_the_file_system_is_a_user_error(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = agent_chat(f"/attach {tmp_path / ('h' * 300)}\n/quit\n", agent_env)
+    assert proc.returncode == 0 and "internal error" not in proc.stderr, proc.stderr
+    assert "File name too long" in proc.stderr, proc.stderr

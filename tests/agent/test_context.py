@@ -6,7 +6,9 @@ localhost explicitly, and the refusals are what happens without that."""
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import os
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleet_rlm.agent import AgentHost
-from fleet_rlm.agent.fetch import FetchRefused, fetch_text
+from fleet_rlm.agent.fetch import FetchRefused, check_url, fetch_text
 from fleet_rlm.agent.repo import add_repo
 from fleet_rlm.config import load_settings
 from fleet_rlm.core.engine import Engine
@@ -79,6 +81,45 @@ def site(tmp_path: Path) -> Iterator[int]:
 async def test_private_and_odd_addresses_are_refused(agent_env: dict[str, str], site: int, url: str) -> None:
     with pytest.raises(FetchRefused):
         await fetch_text(url.format(port=site), load_settings())
+
+
+# IPv6 addresses that carry an IPv4 address the network delivers to: loopback, the cloud metadata
+# address and a private one, in every standard embedding.
+EMBEDDED_PRIVATE = [
+    "::127.0.0.1",  # IPv4-compatible (deprecated, still parsed)
+    "::ffff:169.254.169.254",  # IPv4-mapped
+    "64:ff9b::7f00:1",  # NAT64 well-known prefix
+    "64:ff9b:1::a01:203",  # NAT64 local-use prefix (10.1.2.3)
+    "64:ff9b:1::808:808",  # local-use: never public, whatever it carries
+    "2002:a9fe:a9fe::1",  # 6to4 (169.254.169.254)
+    "2001:0:4136:e378:8000:63bf:80ff:fffe",  # Teredo (client 127.0.0.1)
+]
+EMBEDDED_PUBLIC = ["::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"]
+
+
+@pytest.mark.parametrize("address", EMBEDDED_PRIVATE)
+async def test_ipv6_addresses_embedding_a_private_ipv4_are_refused(
+    agent_env: dict[str, str], site: int, address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(FetchRefused, match="not a public address"):
+        await fetch_text(f"http://[{address}]:{site}/page.html", load_settings())
+    # The same address as a DNS answer for a name is checked the same way.
+    resolve = socket.getaddrinfo
+
+    def answer(host: object, *args: object, **kwargs: object) -> list:
+        if host == "embedded.example":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (address, site, 0, 0))]
+        return resolve(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", answer)
+    with pytest.raises(FetchRefused, match="not a public address"):
+        await check_url(f"http://embedded.example:{site}/page.html", load_settings())
+
+
+@pytest.mark.parametrize("address", EMBEDDED_PUBLIC)
+async def test_ipv6_addresses_embedding_a_public_ipv4_pass(agent_env: dict[str, str], address: str) -> None:
+    target = await check_url(f"http://[{address}]/", load_settings())
+    assert target.address == str(ipaddress.ip_address(address))
 
 
 async def test_allowed_host_is_fetched_as_text_and_a_redirect_is_checked_again(

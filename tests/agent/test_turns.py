@@ -14,7 +14,7 @@ from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.errors import Conflict
 from fleet_rlm.store.agent import workflow_name
 from tests.agent.conftest import CODE, MEMORY, memory_file, upload
-from tests.support.agent_lm import AgentLM
+from tests.support.agent_lm import AgentLM, Call, Policy, Say
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +87,9 @@ async def test_an_approved_call_runs_once_even_if_resumed_twice(engine: Engine, 
     # Replay the paused checkpoint (as a crashed resume might): the gate refuses to run the call again.
     store = engine.workspace.store
     for data in checkpoints:
-        await store.write(store.save_checkpoint, data["checkpoint_id"], workflow_name(paused.turn_id), data)
+        await store.write(
+            store.save_checkpoint, data["checkpoint"]["checkpoint_id"], workflow_name(paused.turn_id), data
+        )
     tc = TurnContext(engine, engine.workspace.store.get_conversation(conv.id), paused.turn_id, lambda _e: None)
     replay = await run_segment(tc, new_messages=None)
     assert "ran already" in replay.reply
@@ -150,3 +152,18 @@ async def test_a_run_without_a_cost_cap_waits_for_approval(engine: Engine, tmp_p
     _, feed = await host.answer(paused.pending[0].id, False, reason="too expensive", actor="test")
     assert "too expensive" in (await feed.outcome()).reply
     assert engine.workspace.list_runs().runs == []
+
+
+async def test_live_tool_call_events_never_carry_a_configured_secret(
+    engine: Engine, agent_lm: AgentLM, agent_env: dict[str, str]
+) -> None:
+    """The model may put a key into a tool call's arguments: the live event is masked like the stored row."""
+    key = agent_env["FLEET_AGENT_LM_API_KEY"]
+    agent_lm.add(Policy("leak it", [Call("write_memory", {"path": "k.md", "text": f"key={key}"}), Say("ok")]))
+    host = AgentHost.of(engine)
+    conv = await host.create_conversation()
+    feed = await host.send(conv.id, "leak it")
+    events = [e async for e in feed.follow()]
+    calls = [e for e in events if e["kind"] == "tool.call"]
+    assert calls and calls[0]["tool"] == "write_memory"
+    assert key not in str(events) and "***" in calls[0]["arguments"]["text"]

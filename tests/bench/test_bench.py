@@ -16,6 +16,7 @@ from bench.figures import FIGURES, Bench, Figure, Result, measure
 from bench.report import check_bounds, load_bounds
 from bench.simlm import SimLM
 
+from bench import load
 from bench import workloads as wl
 from tests.support.oracle_lm import OracleLM, Scenario
 
@@ -71,6 +72,18 @@ def test_every_bound_names_a_figure_and_a_limit() -> None:
         assert bound.figure in ids, bound
         assert bound.min is not None or bound.max is not None, bound
         assert set(bound.modes) <= {"quick", "full"}, bound
+
+
+def test_load_guards_catch_a_lost_event_a_leftover_sandbox_and_growth() -> None:
+    job = wl.load()
+    assert load.floor_seconds(job) == pytest.approx((3 + 1) * 0.05)  # 3 root steps and one round of 16 sub-calls
+    events = [{"seq": 1, "kind": "run.started"}, {"seq": 2, "kind": "lm.call"}, {"seq": 3, "kind": "run.finished"}]
+    assert load.Followed("r1", events).complete
+    assert not load.Followed("r1", [events[0], events[2]]).complete  # a gap
+    assert not load.Followed("r1", events[:2]).complete  # no run.finished
+    assert not _verdict({"load.sandboxes_left": 1.0}, "load.sandboxes_left")
+    assert not _verdict({"load.rss_second_over_first": 1.3}, "load.rss_second_over_first")
+    assert not _verdict({"load.all_finished": 0.99}, "load.all_finished")
 
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -157,3 +170,5 @@ def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path
     # `fleet web`'s figures are measured, every SSE event reaching every subscriber.
     assert {"web", "sse"} <= {f["id"] for f in report["figures"] if f["available"]}
     assert report["ratios"]["sse.all_delivered"] == 1.0
+    # A wave of runs at once through `fleet web` on the real sandbox: every run finished, nothing left.
+    assert report["ratios"]["load.all_finished"] == 1.0 and report["ratios"]["load.sandboxes_left"] == 0.0

@@ -256,3 +256,27 @@ def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert json.loads(cli("runs", "--json", env=fleet_env).stdout)[0]["status"] == "cancelled"
+
+
+def test_run_reads_every_reply_form_without_extra_calls(fleet_env: dict, oracle: OracleLM) -> None:
+    """A model that answers each step in another form (JSON, tags, prose and one block ...): each is
+    read as it comes, the run takes one model call per step, and the forms are counted."""
+    steps = [
+        'RAW:{"reasoning": "Start.", "code": "```python\\nx = 1\\nprint(x)\\n```"}',
+        'RAW:```json\n{"reasoning": "Next.", "code": "x += 1\\nprint(x)"}\n```\nShall I go on?',
+        "RAW:Add one more.\n\n```python\nx += 1\nprint(x)\n```",
+        "RAW:<reasoning>And one.</reasoning>\n<code>\n```python\nx += 1\nprint(x)\n```\n</code>",
+        "RAW:[[ ## reasoning ## ]]\nOnce more.\n\n[[ ## code ## ]]\n```python\nx += 1\nprint(x)\n```",
+        "SUBMIT(x)",
+    ]
+    oracle.add(Scenario("count in every form", steps))
+    proc = cli("run", "count in every form", "--text", "x", "--json", env=fleet_env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["answer"] == "5" and result["iterations"] == len(steps)
+    assert len(oracle.requests("root")) == len(steps)
+    forms = {"json": 2, "prose_code": 1, "xml": 1, "fields_unclosed": 1, "fields": 1}
+    assert result["usage"]["reply_forms"] == forms
+    trace = json.loads(cli("trace", result["run_id"], "--json", env=fleet_env).stdout)
+    shown = [s["lm"]["reply_form"] for s in trace["nodes"]["root"]["steps"]]
+    assert shown == ["json", "json", "prose_code", "xml", "fields_unclosed", "fields"]

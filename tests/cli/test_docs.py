@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.oracle_lm import PRICED, OracleLM, Scenario
 
 BIN = Path(sys.executable).parent
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -118,6 +118,14 @@ GOOD: dict[tuple[Key, str], list[str]] = {
     (("fleet-rlm", "trace"), "--json"): ["trace", "{run}", "--json"],
     (("fleet-rlm", "trace"), "--full"): ["trace", "{run}", "--full"],
     (("fleet-rlm", "export"), ""): ["export", "{run}"],
+    (("fleet-rlm", "replay"), "--json"): ["replay", "{run}", "--json"],
+    (("fleet-rlm", "replay"), "--all"): ["replay", "--all", "--since", "2999-01-01"],  # none: other runs change
+    (("fleet-rlm", "replay"), "--since"): ["replay", "--all", "--since", "2999-01-01T00:00"],
+    (("fleet-rlm", "fork"), "--at"): ["fork", "{run}", "--at", "1"],
+    (("fleet-rlm", "fork"), "--code"): ["fork", "{run}", "--at", "1", "--code", "{file}"],
+    (("fleet-rlm", "fork"), "--instruction"): ["fork", "{run}", "--at", "1", "--instruction", "be brief"],
+    (("fleet-rlm", "fork"), "--max-iters"): ["fork", "{run}", "--at", "1", "--max-iters", "3"],
+    (("fleet-rlm", "fork"), "--json"): ["fork", "{run}", "--at", "1", "--json"],
     (("fleet-rlm", "volumes", "ls"), ""): ["volumes", "ls", "notes"],
     (("fleet-rlm", "volumes", "ls"), "--json"): ["volumes", "ls", "--json"],
     (("fleet-rlm", "volumes", "cat"), ""): ["volumes", "cat", "notes/memory/a.md"],
@@ -197,6 +205,14 @@ BAD: list[list[str]] = [
     ["runs", "--status", "bogus"],
     ["trace", "r-no-such-run"],
     ["export", "r-no-such-run"],
+    ["replay"],
+    ["replay", "r-no-such-run"],
+    ["replay", "--since", "2024-01-01"],
+    ["replay", "--all", "--since", "soon"],
+    ["fork", "{run}"],
+    ["fork", "{run}", "--at", "0"],
+    ["fork", "{run}", "--at", "1", "--code", "{missing}"],
+    ["fork", "{run}", "--at", "1", "--code", "{file}", "--instruction", "both"],
     ["volumes"],
     ["volumes", "ls", "vol:nope"],
     ["volumes", "cat", "notes"],
@@ -278,6 +294,7 @@ def _run_ids(env: dict[str, str]) -> list[str]:
 @pytest.mark.slow
 def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
+    fleet_env.update(PRICED)  # --max-cost needs a known price
     docs = documented()
     from tests.optimize.test_cli import OPTIMIZE_WALK  # walked there, in order (later steps use earlier results)
     from tests.sandbox.test_daytona_cli import DAYTONA_WALK  # walked there, against the Daytona API double
@@ -311,7 +328,7 @@ def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tm
     assert not failures, "\n".join(failures)
     # They did what they say: every run is recorded, put wrote, rm --all removed the volume.
     before = _run_ids(fleet_env)
-    assert len(before) == 1 + sum(argv[0] == "run" for argv in GOOD.values())
+    assert len(before) == 1 + sum(argv[0] in ("run", "fork") for argv in GOOD.values())
     assert run("volumes", "cat", "notes/memory/b.md", env=fleet_env).stdout == "remember the milk"
     volumes = [v["name"] for v in json.loads(run("volumes", "ls", "--json", env=fleet_env).stdout)]
     assert "scratch" not in volumes and "notes" in volumes

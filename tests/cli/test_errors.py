@@ -95,15 +95,37 @@ def test_config_messages(fleet_env: dict, tmp_path: Path) -> None:
 
 
 def test_wrong_model_name_fails_before_the_first_step(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.state.strict_models = True  # it refuses names it does not list, as vLLM and hosted APIs do
     env = {**fleet_env, "FLEET_LM_MODEL": "openai/gpt-nope", "FLEET_LM_RETRIES": "3"}
     proc = cli("run", "hello", "--text", "x", "--json", env=env)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith("error: ")
     assert "serves no model 'gpt-nope'" in proc.stderr and "oracle" in proc.stderr
     assert "/models" in proc.stderr  # how to list the models
-    assert oracle.requests() == []  # no model call at all: the check reads the model list
+    # The name is not listed: one tiny call, without retries, got the server's definite no; no step ran.
+    assert [r.model for r in oracle.requests()] == ["gpt-nope"] and oracle.requests("root") == []
     assert json.loads(cli("runs", "--json", env=env).stdout) == []  # a bad request is not a run
     doctor = cli("doctor", "--json", env=env)
     assert doctor.returncode == 1 and "serves no model 'gpt-nope'" in json.loads(doctor.stdout)["model"]["detail"]
+
+
+def test_a_server_that_answers_any_name_runs_with_one_warning(fleet_env: dict, oracle: OracleLM) -> None:
+    """llama.cpp's server lists its GGUF file and answers to any name, as wildcard proxies do."""
+    oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
+    env = {**fleet_env, "FLEET_LM_MODEL": "openai/qwen2.5-7b-instruct"}
+    proc = cli("run", "hello", "--text", "x", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["answer"] == "hi"
+    warned = [line for line in proc.stderr.splitlines() if "does not list 'qwen2.5-7b-instruct'" in line]
+    assert len(warned) == 1 and "oracle" in warned[0]
+    doctor = json.loads(cli("doctor", "--json", env=env).stdout)["model"]
+    assert doctor["ok"] is True and "does not list 'qwen2.5-7b-instruct'" in doctor["detail"]
+
+
+def test_an_ollama_model_it_does_not_list_is_refused_without_a_call(fleet_env: dict, oracle: OracleLM) -> None:
+    """Ollama serves exactly the models it lists (the pulled ones): its list is a definite answer."""
+    proc = cli("run", "hello", "--text", "x", env={**fleet_env, "FLEET_LM_MODEL": "ollama_chat/nope"})
+    assert proc.returncode == 2 and "serves no model 'nope'" in proc.stderr
+    assert oracle.requests() == [] and runs(fleet_env) == []
 
 
 def test_closed_port_fails_fast_with_the_fix(fleet_env: dict) -> None:

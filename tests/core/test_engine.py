@@ -382,3 +382,15 @@ async def test_unavailable_sandbox_is_refused_not_swapped(
         with pytest.raises(ConfigError, match=fix):
             await engine.start_run(RunRequest("q", context_text=["x"]))
         assert engine.list_runs() == []
+
+
+async def test_the_model_list_is_read_once_however_many_runs_start_at_once(fleet_env: dict, oracle: OracleLM) -> None:
+    # Each read is a new HTTP client (with its TLS context, ~20 ms of the event loop's time): a
+    # burst of runs on a fresh server, or the run after it (the sub model went unmarked), must not repeat it.
+    oracle.add(Scenario("burst", ["SUBMIT('ok')"]))
+    async with Engine() as engine:
+        first = await asyncio.gather(*(engine.start_run(RunRequest(question=f"burst {i}")) for i in range(8)))
+        later = await engine.start_run(RunRequest(question="burst again"))
+        results = [await engine.wait(run_id) for run_id in [*first, later]]
+    assert [r.answer for r in results] == ["ok"] * 9
+    assert oracle.state.models_listed == 1

@@ -17,21 +17,6 @@ from tests.support.oracle_lm import OracleLM, Scenario
 SCHEMA_FILE = Path(__file__).parents[2] / "docs" / "events.schema.json"
 
 
-@pytest.mark.parametrize(
-    ("limits", "message"),
-    [
-        ({"max_iters": -3}, "max_iters must be more than 0"),
-        ({"max_seconds": 0}, "max_seconds must be more than 0"),
-        ({"max_cost": -1}, "max_cost must be more than 0"),
-        ({"max_depth": -1}, "max_depth must be 0 or more"),
-        ({"max_llm_calls": float("nan")}, "max_llm_calls must be a number"),
-    ],
-)
-def test_bad_limits_are_refused_before_a_run_exists(limits: dict, message: str) -> None:
-    with pytest.raises(UserError, match=message):
-        RunRequest("q", **limits)
-
-
 def test_an_empty_question_is_refused() -> None:
     with pytest.raises(UserError, match="question is empty"):
         RunRequest("   ")
@@ -65,7 +50,7 @@ async def test_every_event_of_a_real_run_matches_its_payload_type(fleet_env: dic
             assert typed.__required_keys__ <= set(value) <= documented, (event["kind"], set(value) - documented)
         seen.add(event["kind"])
     run_kinds = {k for k in EVENT_KINDS if not k.startswith("optimize.")}  # optimizations: tests/optimize
-    assert seen >= run_kinds - {"warning"}
+    assert seen >= run_kinds - {"warning", "replay.diverged"}  # a replay's: tests/core/test_replay.py
 
 
 def test_the_public_api_loads_lazily_and_faces_types_stay_light() -> None:

@@ -11,10 +11,12 @@ confirmation answers yes and is recorded.
 * ``link URL``: click a link to URL in the page.
 * ``export QUESTION``: run it, open the run's page and press Export; the save dialog answers
   ``$FLEET_TEST_SAVE_TO``.
+* ``session-ends -``: revoke the page's session (as 8 idle hours would), then open the Runs page.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import sys
@@ -83,10 +85,37 @@ def save_key(desktop: DesktopWindow, key: str) -> dict[str, Any]:
     }
 
 
+SESSION_JS = "sessionStorage.getItem('fleet-session')"
+
+
+def _status(server: LocalServer, method: str, path: str, session: str) -> int:
+    """A request to the window's server as its page would send it, with ``session`` as the bearer."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {session}"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def session_ends(desktop: DesktopWindow) -> dict[str, Any]:
+    """The page's session ends under it; the page's next request must bring a new one (the shell's token)."""
+    _js(desktop, bridge.READY_JS)
+    ended = str(desktop.window.run_js(SESSION_JS))
+    _status(desktop.server, "DELETE", "/api/auth", ended)
+    refused = _status(desktop.server, "GET", "/api/runs", ended)
+    desktop.window.run_js("location.hash = '#/runs'")  # the Runs page asks the API at once
+    _js(desktop, f"!!{SESSION_JS} && {SESSION_JS} !== {json.dumps(ended)} && ({bridge.READY_JS})")
+    renewed = str(desktop.window.run_js(SESSION_JS))
+    return {"refused": refused, "works": _status(desktop.server, "GET", "/api/runs", renewed)}
+
+
 def _act(desktop: DesktopWindow, action: str, arg: str) -> dict[str, Any]:
     server = desktop.server
     if action == "save-key":
         return save_key(desktop, arg)
+    if action == "session-ends":
+        return session_ends(desktop)
     if action == "link":
         _js(desktop, bridge.READY_JS)
         desktop.window.run_js(f"(function () {{ const a = document.createElement('a'); a.href = {json.dumps(arg)};"

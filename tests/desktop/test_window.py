@@ -56,6 +56,13 @@ def test_export_is_saved_where_the_save_dialog_says(desktop_env: dict, oracle: O
     assert events[0]["kind"] == "run.started" and events[-1]["kind"] == "run.finished"
 
 
+def test_a_window_whose_session_ended_signs_in_again(desktop_env: dict) -> None:
+    proc = drive(desktop_env, "session-ends", "-")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [step] = json.loads(proc.stdout)["steps"]
+    assert step == {"refused": 401, "works": 200}  # the old session is dead; the page holds a new one
+
+
 def test_the_window_size_is_remembered(desktop_env: dict, tmp_path: Path) -> None:
     home = Path(desktop_env["FLEET_HOME"])
     home.mkdir(parents=True, exist_ok=True)

@@ -105,3 +105,18 @@ async def test_volume_resource_refuses_traversal(client: Client, uri: str) -> No
     await client.call_tool("write_file", {"volume": "v", "path": "memory/a.txt", "content": "a"})
     with pytest.raises(MCPError):
         await client.read_resource(uri)
+
+
+async def test_over_long_paths_are_a_tool_error_naming_the_limits(client: Client) -> None:
+    await client.call_tool("write_file", {"volume": "v", "path": "memory/a.txt", "content": "a"})
+    long_name = "é" * 128  # 256 bytes
+    for path in (f"memory/{long_name}", "memory/" + "/".join(["d" * 200] * 16)):
+        for tool, args in (
+            ("read_file", {"volume": "v", "path": path}),
+            ("write_file", {"volume": "v", "path": path, "content": "x"}),
+            ("list_files", {"volume": "v", "path": path}),
+        ):
+            text = error_text(await client.call_tool(tool, args))
+            assert "255 bytes per name" in text and "3,072 bytes per path" in text, (tool, text[:300])
+        with pytest.raises(MCPError, match="255 bytes per name"):
+            await client.read_resource(f"fleet://volumes/v/{path}")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.oracle_lm import OracleLM
+from tests.support.oracle_lm import PRICED, OracleLM
 
 BIN = Path(sys.executable).parent / "fleet-rlm"
 
@@ -144,6 +144,7 @@ BAD = [
 def test_every_documented_optimization_command_and_flag(fleet_env: dict, shout: OracleLM, tmp_path: Path) -> None:
     from tests.optimize.conftest import shout_rows
 
+    fleet_env.update(PRICED)  # --max-cost and --max-total-cost need a known price
     rows = [r for r in shout_rows() if r["context"].split()[-1] in ("apple", "banana", "KIWI", "LIME")]
     walk = tmp_path / "walk.jsonl"
     walk.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -6,6 +6,7 @@ at the host, never only at what the sandbox says about itself.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -190,6 +191,34 @@ async def test_the_global_cap_holds(settings: Settings, tmp_path: Path) -> None:
         with anyio.fail_after(30):
             await waiting.wait()
     await second.shutdown()
+
+
+async def test_host_calls_past_the_byte_budget_are_refused_on_the_host(make) -> None:
+    release = asyncio.Event()
+    calls: list[int] = []
+
+    async def hold(text: str) -> str:
+        calls.append(len(text))
+        await release.wait()  # an accepted call keeps its arguments on the host until the step lets go
+        return "held"
+
+    async def settle() -> int:
+        release.set()
+        return len(calls)
+
+    box = make(host_call_mb=1)
+    await box.register_functions({"hold": hold, "settle": settle})
+    # Forged call frames straight on the cell's stdout (past the shim's own checks), then honest calls.
+    code = (
+        "import gc\nshim = next(o for o in gc.get_objects() if type(o).__name__ == 'Shim')\n"
+        "for i in range(4):\n    shim.send({'op': 'call', 'id': 10**6 + i, 'name': 'hold', 'args': ['x' * 600_000]})\n"
+        "held = settle()\ntry:\n    hold('y' * 2_000_000)\nexcept RuntimeError as e:\n    print(e)\nheld"
+    )
+    result = await box.execute(code)
+    assert result.error is None, result.error
+    assert calls == [600_000] and result.data == 1  # one fits in 1 MB; three forged and the 2 MB one refused
+    assert "hold() refused" in result.stdout and "FLEET_HOST_CALL_MB" in result.stdout, result.stdout
+    assert (await box.execute("6 * 7")).data == 42
 
 
 async def test_llm_query_reaches_the_host_without_keys_or_network_in_the_sandbox(

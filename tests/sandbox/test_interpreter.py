@@ -16,6 +16,7 @@ from dspy.primitives.code_interpreter import (
     FinalOutput,
 )
 from dspy.utils import DummyLM
+from dspy.utils.callback import BaseCallback
 
 from fleet_rlm.sandbox.interpreter import SandboxInterpreter
 
@@ -39,7 +40,7 @@ def test_protocol_results_and_errors(interp):
     with pytest.raises(CodeExecutionError, match="ZeroDivisionError") as info:
         interp.execute("print('partial')\n1/0")
     assert "partial" in str(info.value)
-    assert interp.execute("SUBMIT('done')") == FinalOutput({"answer": "done"})
+    assert interp.execute("SUBMIT('done')") == FinalOutput({"output": "done"})  # as dspy's interpreters give it
     interp.output_fields = [{"name": "a"}, {"name": "b", "type": "int"}]
     assert interp.execute("SUBMIT(1, b=2)") == FinalOutput({"a": 1, "b": 2})
 
@@ -127,3 +128,119 @@ def test_stock_rlm_runs_on_the_sandbox():
     outputs = [entry["output"] for entry in result.trajectory]
     assert outputs[0].startswith("chars: 12000\nhello")
     assert "forty-two" in outputs[1] and "from-predict" in outputs[1]
+
+
+# -- dspy's contract, as LocalInterpreter keeps it ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["not-valid", "class", "SUBMIT", "__builtins__"])
+def test_invalid_tool_names_fail_at_construction_and_before_the_sandbox_starts(name):
+    with pytest.raises(ValueError, match="invalid names"):
+        SandboxInterpreter(tools={name: lambda: 1})
+    interp = SandboxInterpreter()
+    try:
+        interp.tools[name] = lambda: 1
+        with pytest.raises(ValueError, match="invalid names"):
+            interp.execute("1")
+        assert interp._sandbox is None  # refused before anything started
+        interp.tools = {}
+        assert interp.execute("6 * 7") == 42
+        assert interp.execute("SUBMIT(1)") == FinalOutput({"output": 1})  # SUBMIT is still the interpreter's
+    finally:
+        interp.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ([{"name": "class"}], "identifiers"),
+        ([{"name": "a"}, {"name": "a"}], "unique"),
+        ([{"type": "str"}], "identifiers"),
+        ([{"name": "a", "default": object()}], "JSON-compatible"),
+    ],
+)
+def test_output_fields_are_checked_at_construction_and_execute(fields, match):
+    with pytest.raises(ValueError, match=match):
+        SandboxInterpreter(output_fields=fields)
+    interp = SandboxInterpreter()
+    try:
+        interp.output_fields = fields
+        with pytest.raises(ValueError, match=match):
+            interp.execute("1")
+        assert interp._sandbox is None
+    finally:
+        interp.shutdown()
+
+
+def test_reserved_variable_names_are_refused_before_the_sandbox_starts():
+    interp = SandboxInterpreter(tools={"add": lambda left, right: left + right})
+    try:
+        for variables in ({"class": 1}, {"SUBMIT": "shadowed"}, {"__builtins__": {}}, {"add": "shadowed"}):
+            with pytest.raises(CodeInterpreterError, match="invalid names"):
+                interp.execute("1", variables=variables)
+            assert interp._sandbox is None
+        assert interp.execute("add(19, 23)") == 42
+        assert interp.execute("SUBMIT(42)") == FinalOutput({"output": 42})
+    finally:
+        interp.shutdown()
+
+
+class Recorder(BaseCallback):
+    def __init__(self):
+        self.events = []
+
+    def on_interpreter_execute_start(self, call_id, instance, inputs):
+        self.events.append(("execute_start", inputs["code"]))
+
+    def on_interpreter_execute_end(self, call_id, outputs, exception=None):
+        self.events.append(("execute_end", outputs))
+
+    def on_interpreter_tool_call_start(self, call_id, instance, inputs):
+        self.events.append(("tool_start", inputs["tool_name"]))
+
+    def on_interpreter_tool_call_end(self, call_id, outputs, exception=None):
+        self.events.append(("tool_end", outputs))
+
+
+def test_dspy_callbacks_see_executions_and_tool_calls():
+    own = Recorder()
+    with SandboxInterpreter(tools={"answer": lambda: 42}, callbacks=[own]) as interp:
+        assert interp.execute("answer()") == 42
+    assert own.events == [
+        ("execute_start", "answer()"),
+        ("tool_start", "answer"),
+        ("tool_end", 42),
+        ("execute_end", 42),
+    ]
+
+    ambient = Recorder()  # how MLflow's and OpenInference's DSPy tracing register theirs
+    with dspy.context(callbacks=[ambient]), SandboxInterpreter(tools={"answer": lambda: 42}) as interp:
+        interp.execute("answer()")
+    assert ("execute_start", "answer()") in ambient.events and ("tool_end", 42) in ambient.events
+
+
+def test_stock_rlm_executions_reach_dspy_callbacks():
+    steps = [
+        {"reasoning": "Add.", "code": "total = add(left=19, right=23)"},
+        {"reasoning": "Done.", "code": "SUBMIT(str(total))"},
+    ]
+
+    def add(*, left: int, right: int) -> int:
+        return left + right
+
+    recorder = Recorder()
+    rlm = dspy.RLM("question -> answer", max_iters=3, tools=[add], interpreter_factory=SandboxInterpreter)
+    with dspy.context(lm=DummyLM(steps), callbacks=[recorder]):
+        assert rlm(question="What is 19 + 23?").answer == "42"
+    started = [code for kind, code in recorder.events if kind == "execute_start"]
+    assert started[-2:] == [s["code"] for s in steps] and ("tool_start", "add") in recorder.events
+
+
+def test_deliberate_differences_from_local_interpreter():
+    """As docs/python-api.md states them: a timeout keeps the session, printed output keeps its newline."""
+    with SandboxInterpreter(exec_timeout=1) as interp:
+        interp.execute("kept = 7")
+        with pytest.raises(CodeExecutionError, match="TimeoutError"):
+            interp.execute("import time\ntime.sleep(30)")
+        assert interp.execute("kept") == 7
+        assert interp.execute("print('x')") == "x\n"

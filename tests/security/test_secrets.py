@@ -58,10 +58,18 @@ def keyed_env(fleet_env: dict[str, str], oracle: OracleLM, monkeypatch: pytest.M
     return {**fleet_env, **keys}
 
 
+# The provider echoes each key whole, reversed and in 4 pieces (9-10 characters each): no run of 9
+# characters of a key, read either way, may be left anywhere.
+RUN = 9
+
+
 def assert_no_key(text: str | bytes, where: str) -> None:
     data = text.encode() if isinstance(text, str) else text
     for key in KEYS:
-        assert key.encode() not in data, f"a configured key leaked into {where}"
+        for form in (key, key[::-1]):
+            runs = {form[i : i + RUN] for i in range(len(form) - RUN + 1)}
+            leaked = [run for run in runs if run.encode() in data]
+            assert not leaked, f"a configured key (or part of it: {len(leaked)} runs) leaked into {where}"
 
 
 def assert_home_clean(home: Path) -> None:
@@ -148,6 +156,29 @@ async def test_mcp_replies_and_logs_never_show_the_key(
         assert_no_key(reply.model_dump_json(), "an MCP tool reply")
     assert_no_key(log.read_text(), "the MCP server's log")
     assert_home_clean(Path(keyed_env["FLEET_HOME"]))
+
+
+def test_reversed_and_split_secrets_are_masked_and_ordinary_text_is_not(fleet_env: dict[str, str]) -> None:
+    value = "qq" + secrets.token_hex(14)  # 30 characters, nothing key-shaped
+    Settings(daytona_api_key=value)
+    quarters = [value[i : i + 8] for i in range(0, 30, 8)]  # 8, 8, 8 and 6 characters
+    leaks = [
+        value[::-1],
+        " ".join(quarters),
+        "\n".join(quarters),
+        json.dumps(quarters),  # "['…', '…']": quotes, commas and spaces between the pieces
+        '"' + '" + "'.join(quarters) + '"',  # as string concatenation
+        "\\n".join(quarters),  # a newline escaped inside JSON text
+        " ".join(quarters)[::-1],
+    ]
+    for leak in leaks:
+        masked = redact_text(f"provider said: {leak}.")
+        assert masked.startswith("provider said: ") and "***" in masked, (leak, masked)
+        assert not any(piece in masked or piece[::-1] in masked for piece in quarters), (leak, masked)
+    # Pieces out of order, or only some of them, are not matched: the whole key, in order, is needed.
+    assert redact_text(" ".join(quarters[1:])) == " ".join(quarters[1:])
+    ordinary = "The quick brown fox, 'jumps' over [the] lazy dog;\n" * 1000
+    assert redact_text(ordinary) == ordinary
 
 
 def test_loaded_secrets_are_masked_in_any_text_and_in_logs(fleet_env: dict[str, str]) -> None:

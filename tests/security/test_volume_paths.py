@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fleet_rlm.core.engine import Engine
@@ -110,6 +111,72 @@ def test_cli_refuses_planted_links_and_pipes(fleet_env: dict, outside: Path, tmp
     assert "link" in listing and "secret.txt" not in listing
     assert cli("volumes", "rm", "notes/memory/leak.txt", env=fleet_env).returncode == 0  # removes the link only
     assert outside_state(outside) == before
+
+
+# -- over-long names and paths: refused with the limits, never a 500 or a traceback ---------------------
+
+LONG_NAME = "é" * 128  # 128 characters but 256 bytes: one byte past the 255 a file system allows per name
+LONG_PATH = "memory/" + "/".join(["d" * 200] * 16)  # every name fits; the whole path (3,222 bytes) does not
+OVER_LONG = [f"memory/{LONG_NAME}", f"memory/{LONG_NAME}/x.txt", LONG_PATH]
+LIMITS = ("255 bytes per name", "3,072 bytes per path")
+ENDPOINTS = [("GET", "files"), ("GET", "text"), ("GET", "raw"), ("PUT", "raw"), ("DELETE", "raw")]
+
+
+def says_the_limits(message: str) -> bool:
+    return all(limit in message for limit in LIMITS)
+
+
+@pytest.mark.parametrize("path", OVER_LONG)
+def test_over_long_paths_are_refused_naming_the_limits(tmp_path: Path, path: str) -> None:
+    vols = LocalVolumes(tmp_path / "volumes")
+    vols.ensure("notes")
+    for op in (
+        lambda: vols.read("notes", path),
+        lambda: vols.open_file("notes", path),
+        lambda: vols.write("notes", path, "x"),
+        lambda: vols.list_files("notes", path),
+        lambda: vols.stat("notes", path),
+        lambda: vols.delete("notes", path),
+    ):
+        with pytest.raises(VolumeError) as refused:
+            op()
+        assert says_the_limits(refused.value.message) and len(refused.value.message) < 300
+    assert vols.list_files("notes", "memory") == []  # nothing was written
+
+
+def test_web_answers_400_naming_the_limits_over_http(fleet_env: dict[str, str]) -> None:
+    from fleet_rlm.web import create_app
+    from tests.web.conftest import AUTH, TOKEN, serving
+
+    with serving(create_app(token=TOKEN)) as base, httpx.Client(base_url=base, headers=AUTH, timeout=60) as http:
+        assert http.post("/api/volumes", json={"name": "notes"}).status_code == 201
+        for path in OVER_LONG:
+            for method, endpoint in ENDPOINTS:
+                reply = http.request(method, f"/api/volumes/notes/{endpoint}", params={"path": path}, content=b"x")
+                assert reply.status_code == 400, (method, endpoint, reply.status_code, reply.text[:200])
+                assert says_the_limits(reply.json()["message"]), reply.text
+    assert not any((Path(fleet_env["FLEET_HOME"]) / "volumes" / "notes" / "memory").iterdir())
+
+
+def test_cli_names_the_limits_and_host_paths_fail_cleanly(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    LocalVolumes(Path(fleet_env["FLEET_HOME"]) / "volumes").ensure("notes")
+    payload = tmp_path / "payload.txt"
+    payload.write_text("x")
+    for path in OVER_LONG:
+        for args in (("cat", f"notes/{path}"), ("put", str(payload), f"notes/{path}"), ("ls", f"notes/{path}")):
+            proc = cli("volumes", *args, env=fleet_env, timeout=RUN_DEADLINE)
+            assert proc.returncode == 2 and says_the_limits(proc.stderr), (args[0], proc.stderr[:300])
+    # Host paths the OS refuses as too long: a user error (exit 2) saying so, not an internal error.
+    too_long_here = str(tmp_path / ("h" * 300))
+    for args in (
+        ("volumes", "put", too_long_here, "notes/memory/x.txt"),
+        ("run", "a question", "--context", too_long_here),
+        ("run", "a question", "--context", f"vol:notes/{LONG_PATH}"),
+    ):
+        proc = cli(*args, env=fleet_env, timeout=RUN_DEADLINE)
+        assert proc.returncode == 2, (args, proc.stderr[:300])
+        assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr
+        assert "too long" in proc.stderr.lower(), proc.stderr[:300]
 
 
 # -- races -----------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class Seen:
     messages: list[dict[str, Any]]
     tools: list[str]
     stream: bool
+    auth: str | None = None  # the Authorization header: which key reached this server
 
 
 @dataclass
@@ -117,7 +118,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             messages = body.get("messages", [])
             tools = [t["function"]["name"] for t in body.get("tools") or []]
             with state.lock:
-                state.requests.append(Seen(messages, tools, bool(body.get("stream"))))
+                state.requests.append(
+                    Seen(messages, tools, bool(body.get("stream")), self.headers.get("Authorization"))
+                )
                 state.calls += 1
                 call_id = f"call_{state.calls}"
             step = choose(state, messages)

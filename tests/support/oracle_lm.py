@@ -17,10 +17,14 @@ really changed what the model was sent. ``field_replies`` answers structured req
 output fields (an optimizer's proposal or reflection: ``new_instruction``, ``proposed_instruction``)
 with fixed text, as JSON when the request asks for a JSON object.
 
+A scenario's ``style`` is how its model writes a structured reply (``STYLES``): the field headers
+asked for, or one of the forms models stray into (JSON, prose with one code block, XML-like
+tags ...), for the act step and the extraction alike.
+
 It records every request, tracks how many were in flight at once, can add latency and can
 fail a number of requests (or every root or sub request) with a chosen HTTP status to exercise
 retries and error paths; with ``echo_secrets`` a failure quotes the request's Authorization
-header and key back, as careless providers do.
+header and key back (bare, reversed and split into pieces), as careless providers do.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from typing import Any
 from tests.support.http_server import LoopbackServer, QuietHandler
 
 RAW = "RAW:"
+# LiteLLM has no price for the oracle's model (openai/oracle): set one, as a paid model has, where a test
+# runs with a cost cap (a cap on a model without a known price is refused before the run).
+PRICED = {"FLEET_LM_PRICE_PER_MTOK_IN": "0.15", "FLEET_LM_PRICE_PER_MTOK_OUT": "0.6"}
 NEEDLE = re.compile(r"The secret code is (\w+)")
 
 
@@ -56,6 +63,7 @@ class Scenario:
     sub: Callable[[str], str] = default_sub
     reasoning: str = "Working through the input step by step."
     when: dict[str, list[str]] = field(default_factory=dict)  # marker in the prompt -> these steps instead
+    style: str = "fields"  # one of STYLES: how each structured reply is written
 
 
 @dataclass
@@ -78,11 +86,13 @@ class OracleState:
     keep_messages: bool = True  # benchmarks send gigabytes of prompts: keep only their sizes
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses to return before succeeding
     fail_kind: dict[str, int] = field(default_factory=dict)  # "root"/"sub" -> status for every such request
-    echo_secrets: bool = False  # failures quote the Authorization header and the bare key
-    # What ``GET /models`` lists, and so the names a run's preflight accepts (any name gets answers).
+    echo_secrets: bool = False  # failures quote the Authorization header and the key: bare, reversed, in 4 pieces
+    # What ``GET /models`` lists: a run's preflight passes these without a call (any name gets answers).
     models: tuple[str, ...] = ("oracle", "gpt-4o-mini", "gpt-5-mini")
+    strict_models: bool = False  # refuse calls naming a model not in ``models`` (404), as vLLM does
     field_replies: dict[str, str] = field(default_factory=dict)  # output field -> reply (proposals, reflection)
     requests: list[Request] = field(default_factory=list)
+    models_listed: int = 0  # GETs of the model list (a preflight's), counted apart from the calls
     in_flight: int = 0
     max_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -158,24 +168,59 @@ def _root_answer(state: OracleState, messages: list[dict[str, Any]], dialect: st
                 return code[len(RAW) :]
             if dialect == "repl":
                 return _repl_reply(scenario.reasoning, code)
-            return _structured(scenario.reasoning, code, transcript)
-    return _structured("No scenario matched.", 'SUBMIT("no scenario matched")', transcript)
+            return _structured(scenario.reasoning, code, messages, scenario.style)
+    return _structured("No scenario matched.", 'SUBMIT("no scenario matched")', messages, "fields")
 
 
-def _structured(reasoning: str, code: str, transcript: str) -> str:
-    """Reply in the chat adapter's field format; an extract request asks for other fields."""
-    fields = re.findall(r"\[\[ ## (\w+) ## \]\]", transcript)
-    if "code" not in fields:  # the extract predictor: answer its output fields
-        outputs = [f for f in dict.fromkeys(fields) if f not in {"completed", "observation", "history"}]
-        return "\n\n".join(f"[[ ## {f} ## ]]\nextracted" for f in outputs) + "\n\n[[ ## completed ## ]]"
-    return f"[[ ## reasoning ## ]]\n{reasoning}\n\n[[ ## code ## ]]\n```python\n{code}\n```\n\n[[ ## completed ## ]]"
+_OUTPUTS = re.compile(r"Your output fields are:\n(.*?)\nAll interactions", re.DOTALL)
+
+
+def _output_fields(messages: list[dict[str, Any]]) -> list[str]:
+    """The output field names the chat adapter's system message asks for."""
+    system = _text(messages[0].get("content")) if messages else ""
+    listed = _OUTPUTS.search(system)
+    return re.findall(r"^\d+\. `(\w+)`", listed.group(1), re.MULTILINE) if listed else []
+
+
+def _headers(values: dict[str, str]) -> str:
+    return "\n\n".join(f"[[ ## {name} ## ]]\n{text}" for name, text in values.items())
+
+
+def _prose(values: dict[str, str]) -> str:
+    return "\n\n".join(values.values())
+
+
+# How a model may write a structured reply; each takes the output fields' values, in order.
+STYLES: dict[str, Callable[[dict[str, str]], str]] = {
+    "fields": lambda v: _headers(v) + "\n\n[[ ## completed ## ]]",
+    "fields_unclosed": _headers,  # stopped before the closing marker
+    "json": json.dumps,
+    "json_fenced": lambda v: f"```json\n{json.dumps(v, indent=2)}\n```\nLet me know if you need anything else.",
+    "prose_code": _prose,  # the reasoning as prose, then the fenced code (an extraction: the bare answer)
+    "xml": lambda v: "\n".join(f"<{name}>\n{text}\n</{name}>" for name, text in v.items()),
+    # Ambiguous: two different code blocks and no headers; or no code at all.
+    "two_blocks": lambda v: _prose(v) + "\n\nOr instead:\n```python\nprint('something else')\n```",
+    "no_code": lambda v: v.get("reasoning") or _prose(v),
+}
+
+
+def _structured(reasoning: str, code: str, messages: list[dict[str, Any]], style: str) -> str:
+    """Reply with the fields the request asks for (an extraction asks for the task's answer), in ``style``."""
+    outputs = _output_fields(messages)
+    if "code" in outputs:
+        values = {"reasoning": reasoning, "code": f"```python\n{code}\n```"}
+    else:  # the extract predictor
+        values = dict.fromkeys(outputs, "extracted")
+    return STYLES[style](values)
 
 
 def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
     class Handler(QuietHandler):
         def do_GET(self) -> None:
             if self.path.rstrip("/").endswith("/models"):
-                # Not recorded: the runtime's preflight reads it, and tests count model calls.
+                # Not recorded with the calls: the runtime's preflight reads it, and tests count model calls.
+                with state.lock:
+                    state.models_listed += 1
                 self.send_json(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]})
             else:
                 self.send_json(404, {"error": {"message": "not found"}})
@@ -211,6 +256,11 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 if failure:
                     self.send_json(failure, {"error": {"message": self._failure_message(), "type": "server_error"}})
                     return
+                if state.strict_models and body.get("model") not in state.models:
+                    model = body.get("model")
+                    error = {"message": f"The model `{model}` does not exist.", "code": "model_not_found"}
+                    self.send_json(404, {"error": {**error, "type": "NotFoundError"}})
+                    return
                 if is_root:
                     content = _root_answer(state, messages, dialect or "chat")
                 else:
@@ -227,7 +277,12 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 return "injected failure"
             auth = self.headers.get("Authorization") or ""
             key = auth.partition(" ")[2]
-            return f"injected failure: request had Authorization: {auth}; the key {key} is not valid here"
+            size = -(-len(key) // 4)
+            pieces = [key[i : i + size] for i in range(0, len(key), size)]
+            return (
+                f"injected failure: request had Authorization: {auth}; the key {key} is not valid here"
+                f" (reversed: {key[::-1]}; in pieces: {json.dumps(pieces)}; one per line:\n" + "\n".join(pieces) + ")"
+            )
 
     return Handler
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet_rlm.http_auth import COOKIE_NAME
+from fleet_rlm.http_auth import BrowserSessions
 from fleet_rlm.web import create_app
 from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import AUTH, BASE, TOKEN, api_client, parse_sse, running, wait_finished
@@ -28,7 +28,7 @@ async def _run(client: httpx.AsyncClient, question: str = "quick question", **bo
 # -- auth, browser protections, errors ----------------------------------------------------------
 
 
-async def test_every_api_request_needs_the_token_or_the_cookie(client: httpx.AsyncClient) -> None:
+async def test_every_api_request_needs_the_token_or_a_browser_session(client: httpx.AsyncClient) -> None:
     bare = httpx.AsyncClient(transport=client._transport, base_url=BASE)  # same app, no credentials
     async with bare:
         refused = await bare.get("/api/runs")
@@ -37,18 +37,39 @@ async def test_every_api_request_needs_the_token_or_the_cookie(client: httpx.Asy
         assert (await bare.get("/api/runs", headers={"Authorization": "Bearer wrong"})).status_code == 401
         assert (await bare.post("/mcp", json={})).status_code == 401
         assert (await bare.get("/health")).json() == {"status": "ok"}  # open, and says nothing else
-        wrong = await bare.post("/api/auth", json={"token": "not-it"})
-        assert wrong.status_code == 401 and COOKIE_NAME not in bare.cookies
+        assert (await bare.post("/api/auth", json={"token": "not-it"})).status_code == 401
         signed_in = await bare.post("/api/auth", json={"token": TOKEN})
-        assert signed_in.status_code == 204
-        cookie = signed_in.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
-        assert TOKEN not in cookie  # the cookie is derived from the token, not the token
-        assert (await bare.get("/api/runs")).status_code == 200  # the cookie alone now
-        signed_out = await bare.delete("/api/auth")
-        assert signed_out.status_code == 204 and "Max-Age=0" in signed_out.headers["set-cookie"]
-        bare.cookies.clear()
-        assert (await bare.get("/api/runs")).status_code == 401
+        assert signed_in.status_code == 200 and "set-cookie" not in signed_in.headers and not bare.cookies
+        assert signed_in.headers["cache-control"] == "no-store"
+        session = signed_in.json()["session"]
+        assert len(session) >= 40 and TOKEN not in session
+        as_page = {"Authorization": f"Bearer {session}"}
+        assert (await bare.get("/api/runs", headers=as_page)).status_code == 200
+        assert (await bare.post("/mcp", json={}, headers=as_page)).status_code == 401  # MCP wants the token
+        other = (await bare.post("/api/auth", json={"token": TOKEN})).json()["session"]
+        assert other != session  # each sign-in its own session
+        replaced = (await bare.post("/api/auth", json={"token": TOKEN}, headers=as_page)).json()["session"]
+        assert (await bare.get("/api/runs", headers=as_page)).status_code == 401  # a tab signing in again
+        as_page = {"Authorization": f"Bearer {replaced}"}
+        signed_out = await bare.delete("/api/auth", headers=as_page)
+        assert signed_out.status_code == 204
+        assert (await bare.get("/api/runs", headers=as_page)).status_code == 401  # revoked
+        assert (await bare.get("/api/runs", headers={"Authorization": f"Bearer {other}"})).status_code == 200
+
+
+def test_browser_sessions_end_when_idle_and_past_the_limit() -> None:
+    now = [0.0]
+    sessions = BrowserSessions(idle_seconds=60, limit=3, clock=lambda: now[0])
+    kept, idle = sessions.open(), sessions.open()
+    now[0] = 50
+    assert sessions.check(kept.encode())  # used at 50: idle from then on
+    now[0] = 100
+    assert sessions.check(kept.encode()) and not sessions.check(idle.encode())  # idle 100 s > 60 s
+    assert not sessions.check(idle.encode())  # and stays ended
+    newer = [sessions.open() for _ in range(3)]
+    assert not sessions.check(kept.encode())  # the least recently used went for the fourth
+    assert all(sessions.check(s.encode()) for s in newer)
+    assert not sessions.check(b"") and not sessions.check(b"made-up")
 
 
 async def test_foreign_host_and_origin_are_refused(client: httpx.AsyncClient) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
@@ -259,6 +259,46 @@ def test_cli_run_streams_live_in_the_runs_inspector(ui: UI) -> None:
     assert json.loads(out)["answer"] == "counted"
 
 
+def _first_events(chunks: Iterator[str], count: int) -> str:
+    """The first ``count`` event frames of an SSE stream, as text (the opening ``retry:`` and
+    keep-alive comments left out)."""
+    text = ""
+    for chunk in chunks:
+        text += chunk
+        frames = text.replace("\r\n", "\n").split("\n\n")[:-1]  # the complete ones
+        events = [f for f in frames if re.search(r"^id: ", f, re.MULTILINE)]
+        if len(events) >= count:
+            return "\n\n".join(events[:count]) + "\n\n"
+    raise AssertionError(f"the stream ended before {count} events: {text!r}")
+
+
+def test_a_dropped_event_stream_resumes_after_its_last_event(ui: UI) -> None:
+    """The inspector's first stream ends after two events (served by the route, as a connection
+    that drops); the page reconnects by itself with Last-Event-ID and shows the whole run once."""
+    page = ui.page
+    question = "NEEDLE-WEB: resume the stream"
+    with ui.server.api() as api:
+        started = api.post("/api/runs", json={"question": question, "context_text": ["The secret code is RESUME9."]})
+        run_id = started.json()["run_id"]
+        with api.stream("GET", f"/api/runs/{run_id}/events") as stream:
+            head = _first_events(stream.iter_text(), 2)
+    requests: list[dict[str, str]] = []
+
+    def drop_the_first(route: Route) -> None:
+        requests.append(route.request.headers)
+        if len(requests) == 1:
+            route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body="retry: 50\n\n" + head)
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/api/runs/[^/]+/events"), drop_the_first)
+    ui.login(f"#/runs/{run_id}")
+    expect(page.locator(".answer")).to_have_text("RESUME9", timeout=60_000)
+    expect(page.locator(".trace .step")).to_have_count(len(NEEDLE_STEPS))
+    assert [r.get("last-event-id") for r in requests] == [None, "2"], requests
+    assert all(r["authorization"].startswith("Bearer ") for r in requests)  # the tab's session, no cookie
+
+
 def test_workbench_context_from_a_volume_file(ui: UI) -> None:
     page = ui.page
     with ui.server.api() as api:
@@ -344,8 +384,10 @@ def test_volumes_browse_preview_csv_upload_delete(ui: UI, tmp_path: Path) -> Non
     page.get_by_role("button", name="Upload", exact=True).click()
     page.get_by_role("button", name="hello.txt").click()
     expect(page.locator(".preview-pane pre")).to_have_text("hello from the browser\n")
-    download = page.get_by_role("link", name="Download")
-    assert page.request.get(ui.server.base + download.get_attribute("href")).text() == "hello from the browser\n"
+    with page.expect_download() as download:  # fetched with the session header, saved from a blob
+        page.get_by_role("link", name="Download").click()
+    assert download.value.suggested_filename == "hello.txt"
+    assert Path(download.value.path()).read_text() == "hello from the browser\n"
 
     # Delete asks first: Cancel keeps the file, Delete removes it (checked on the host).
     on_disk = ui.server.home / "volumes" / "data" / "memory" / "hello.txt"

@@ -1,11 +1,13 @@
 """`fleet web` as a user runs it (a real process, the real local sandbox): the sign-in address,
-/health soon after launch, the cookie exchange, a 5 MB upload answered end to end with its events
+/health soon after launch, the session exchange, a 5 MB upload answered end to end with its events
 streamed, MCP at /mcp on the same Engine, and the bind policy."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -83,7 +85,8 @@ async def test_upload_run_stream_and_mcp_on_one_engine(web: tuple[str, str, floa
     assert len(data) >= 5_000_000
     async with httpx.AsyncClient(base_url=base, timeout=120) as browser:
         assert (await browser.get("/api/runs")).status_code == 401
-        assert (await browser.post("/api/auth", json={"token": token})).status_code == 204
+        session = (await browser.post("/api/auth", json={"token": token})).json()["session"]
+        browser.headers["Authorization"] = f"Bearer {session}"  # as the page does
         sent = await browser.post("/api/uploads", files=[("file", ("log.txt", data, "text/plain"))])
         assert sent.status_code == 201, sent.text
         upload = sent.json()["uploads"][0]
@@ -93,7 +96,7 @@ async def test_upload_run_stream_and_mcp_on_one_engine(web: tuple[str, str, floa
         )
         assert started.status_code == 202, started.text
         run_id = started.json()["run_id"]
-        async with browser.stream("GET", f"/api/runs/{run_id}/events") as stream:  # the cookie, as EventSource
+        async with browser.stream("GET", f"/api/runs/{run_id}/events") as stream:  # the session, as the page
             frames = parse_sse((await stream.aread()).decode())
         events = [f for f in frames if "id" in f]
         assert [int(f["id"]) for f in events] == list(range(1, len(events) + 1))
@@ -107,6 +110,29 @@ async def test_upload_run_stream_and_mcp_on_one_engine(web: tuple[str, str, floa
     async with authed, Client(streamable_http_client(f"{base}/mcp", http_client=authed)) as mcp:
         listed = await mcp.call_tool("list_runs", {})
         assert run_id in [r["run_id"] for r in listed.structured_content["runs"]]  # the same Engine and store
+
+
+def _health_ms(conn: http.client.HTTPConnection) -> float:
+    started = time.perf_counter()
+    conn.request("GET", "/health")
+    conn.getresponse().read()
+    return (time.perf_counter() - started) * 1000
+
+
+def test_a_kept_alive_connection_is_answered_without_a_delayed_ack_stall(web: tuple[str, str, float]) -> None:
+    """Without TCP_NODELAY a response written in two sends (headers, then body) waits for the
+    client's delayed ACK, ~40 ms, on every request after the first few of a kept-alive connection
+    (a browser's API calls, a script's loop); a fresh connection is ACKed at once."""
+    port = int(web[0].rsplit(":", 1)[1])
+    fresh = []
+    for _ in range(10):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        fresh.append(_health_ms(conn))
+        conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    kept = [_health_ms(conn) for _ in range(20)][5:]  # past the connection's quick-ACK start
+    conn.close()
+    assert statistics.median(kept) <= 3 * statistics.median(fresh), (kept, fresh)
 
 
 def test_bind_policy_and_usage_errors(fleet_env: dict[str, str]) -> None:

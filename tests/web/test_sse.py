@@ -1,6 +1,6 @@
 """SSE against uvicorn in a thread (httpx's ASGITransport buffers whole bodies, so live streams
 need a real server): resume with Last-Event-ID, a client leaving mid-run, 100 subscribers at once,
-keep-alive comments, the cookie a browser's EventSource rides on, and a run owned by another process."""
+keep-alive comments, the browser page's session id, and a run owned by another process."""
 
 from __future__ import annotations
 
@@ -109,10 +109,11 @@ async def test_hundred_subscribers_get_every_event(server: tuple[str, object]) -
     assert _engine(app).bus.subscriber_count() == baseline
 
 
-async def test_keep_alive_and_the_cookie_an_event_source_rides_on(server: tuple[str, object]) -> None:
+async def test_keep_alive_and_the_session_the_page_streams_with(server: tuple[str, object]) -> None:
     base, _ = server
-    async with httpx.AsyncClient(base_url=base, timeout=60) as browser:  # no Authorization header at all
-        assert (await browser.post("/api/auth", json={"token": TOKEN})).status_code == 204
+    async with httpx.AsyncClient(base_url=base, timeout=60) as browser:  # as the page: never the token itself
+        session = (await browser.post("/api/auth", json={"token": TOKEN})).json()["session"]
+        browser.headers["Authorization"] = f"Bearer {session}"
         run_id = await _start(browser)
         async with browser.stream("GET", f"/api/runs/{run_id}/events") as response:
             raw = (await response.aread()).decode()

@@ -1,7 +1,7 @@
 // Entry point: sign in (token from the URL fragment, the desktop shell, or the token form),
 // then hand the page to the router. Also the light/dark theme toggle.
 
-import { api, onUnauthorized, signIn } from "./api.js";
+import { api, hasSession, onUnauthorized, signIn, signOut } from "./api.js";
 import { errorBox, field, h, replace } from "./dom.js";
 import { Router } from "./router.js";
 import { renderRuns } from "./pages/runs.js";
@@ -54,6 +54,8 @@ function tokenFromFragment() {
   return decodeURIComponent(match[1]);
 }
 
+const DESKTOP = new URLSearchParams(location.search).has("desktop");
+
 /**
  * The desktop shell (`fleet desktop` opens `/?desktop`) hands the token over its JS bridge: once
  * the page says it is waiting, the shell runs a script in it that dispatches `fleet-desktop-token`.
@@ -61,7 +63,7 @@ function tokenFromFragment() {
  * Content-Security-Policy forbids.) A plain browser given `?desktop` gives up after a while.
  */
 function tokenFromShell() {
-  if (!new URLSearchParams(location.search).has("desktop")) return Promise.resolve(null);
+  if (!DESKTOP) return Promise.resolve(null);
   return new Promise((resolve) => {
     const done = (token) => {
       delete document.documentElement.dataset.desktop;
@@ -88,6 +90,7 @@ let router = null;
 function showTokenForm(message) {
   if (router) router.stop();
   document.getElementById("nav").hidden = true;
+  document.getElementById("sign-out").hidden = true;
   const input = h("input", { type: "password", autocomplete: "off", spellcheck: "false", required: true });
   const status = h("div", {});
   const form = h("form", { class: "card narrow", "aria-labelledby": "signin-title" },
@@ -119,15 +122,31 @@ function markNav(route) {
 }
 
 function start() {
+  // The desktop window holds its session as long as it is open: there is no token to sign in again with.
+  document.getElementById("sign-out").hidden = DESKTOP || !hasSession();
   if (!router) router = new Router(main, PAGES, markNav);
   router.start();
 }
 
+function setupSignOut() {
+  document.getElementById("sign-out").addEventListener("click", async () => {
+    try {
+      await signOut();
+      showTokenForm("Signed out.");
+    } catch (err) {
+      showTokenForm(`Signed out in this tab; the server did not answer (${err.message}).`);
+    }
+  });
+}
+
 async function boot() {
   setupTheme();
+  setupSignOut();
   // Only once a page is up: during sign-in the 401s are expected and handled here.
   onUnauthorized(() => {
-    if (router && router.running) showTokenForm("Your session ended (the server restarted or you signed out).");
+    if (!router || !router.running) return;
+    if (DESKTOP) location.reload(); // the shell hands the launch token over again on every load
+    else showTokenForm("Your session ended (signed out, unused for 8 hours, or the server restarted): sign in again.");
   });
   try {
     const token = tokenFromFragment() || (await tokenFromShell());

@@ -1,6 +1,8 @@
 // DOM helpers: every page builds nodes with these. Text always goes in through textContent
 // (text nodes), never innerHTML, because most of what the UI shows was written by a model or a user.
 
+import { saveAs } from "./api.js";
+
 /**
  * Create an element. `attrs`: attributes, plus `on<event>` handlers, `class`, `dataset` and
  * boolean properties (`hidden`, `disabled`, `checked`, `open`). Children: nodes, strings
@@ -71,6 +73,15 @@ export function toast(message, kind = "info") {
 /** An error box for a failed call: the API's message says what to do. */
 export function errorBox(err) {
   return h("p", { class: "error", role: "alert" }, err && err.message ? err.message : String(err));
+}
+
+/** A link that downloads `path` as `name` through the API, which wants the session header a plain link lacks. */
+export function downloadLink(path, name, label, attrs = {}) {
+  const save = (ev) => {
+    ev.preventDefault();
+    saveAs(path, name).catch((err) => toast(err.message, "error"));
+  };
+  return h("a", { ...attrs, href: path, download: name, onclick: save }, label);
 }
 
 /** Copy text; resolves true on success. Clipboard access can be refused, which is not an error. */

@@ -73,7 +73,7 @@ export class TraceModel {
         this.current.set(name, step.step);
         step.reasoning = data.reasoning ?? null;
         step.lm = { model: data.model, predictor: data.predictor, prompt_tokens: data.prompt_tokens,
-          completion_tokens: data.completion_tokens, cost: data.cost, latency: data.latency };
+          completion_tokens: data.completion_tokens, cost: data.cost, latency: data.latency, replayed: data.replayed };
         step.lmTs = ev.ts;
         this.progress = `${where}step ${step.step} · running code`;
         return { node: name, step: step.step };
@@ -177,6 +177,7 @@ function stepSummary(step) {
     step.submitted ? h("span", { class: "badge st-succeeded" }, "submitted") : null,
     step.error ? h("span", { class: "badge st-failed" }, "error") : null,
     step.code === null && !step.error ? h("span", { class: "badge st-running" }, "running") : null,
+    lm.replayed ? h("span", { class: "tag", title: "Answered from the record: no model was called" }, "replayed") : null,
     h("span", { class: "muted small" }, [lm.model, lm.latency != null ? `model ${fmtSeconds(lm.latency)}` : null,
       step.duration != null ? `code ${fmtSeconds(step.duration)}` : null, tokens ? `${fmtInt(tokens)} tokens` : null,
       lm.cost ? fmtCost(lm.cost) : null].filter(Boolean).join(" · ")),
@@ -184,9 +185,13 @@ function stepSummary(step) {
 }
 
 export class TraceTree {
-  /** `container`: where the tree goes; `model`: a TraceModel fed by the caller. */
-  constructor(container, model) {
+  /**
+   * `container`: where the tree goes; `model`: a TraceModel fed by the caller. `onFork(node, step, code)`:
+   * if given, every step with code gets a "Fork from here" button that calls it.
+   */
+  constructor(container, model, { onFork = null } = {}) {
     this.model = model;
+    this.onFork = onFork;
     this.container = container;
     this.nodeEls = new Map(); // node id -> {root, steps (ol), header, stepEls: Map}
     this.status = h("p", { class: "progress-line muted", role: "status", "aria-live": "polite" });
@@ -246,6 +251,8 @@ export class TraceTree {
       step.reasoning ? h("div", { class: "block" }, h("div", { class: "block-label" }, "Reasoning"),
         h("p", { class: "reasoning" }, step.reasoning)) : null,
       step.code !== null ? pre("code", step.code, "Code") : null,
+      this.onFork && step.code !== null ? h("button", { type: "button", class: "secondary small fork-here",
+        onclick: () => this.onFork(id, step.step, step.code) }, "Fork from here") : null,
       subcallGroups(step).map(fanout),
       el.children,
       step.output ? pre("output", step.output, step.outputChars ? `Output (${fmtInt(step.outputChars)} characters)` : "Output") : null,

@@ -1,11 +1,11 @@
 """An Agent Framework chat client over the runtime's own model access (LiteLLM), for any configured model.
 
 The model comes from the settings exactly as the runtime's: ``build_lm`` checks the LiteLLM model string
-and picks the base URL and key (``agent_lm_*``, else the root model's ``lm_*``, keys from the environment or
-the keyring), and the request goes out through ``litellm.acompletion`` with the same keyword arguments dspy
-would send. Tool calling uses the OpenAI function-calling format, which LiteLLM translates for every
-provider; replies stream token by token. The framework's layers come first in the class: without
-``FunctionInvocationLayer`` no tool would ever run.
+and picks the base URL and key (``agent_lm_*``, else the root model's ``lm_*``; a key only for the endpoint
+it was given for, see ``config.key_for``), and the request goes out through ``litellm.acompletion`` with
+the same keyword arguments dspy would send. Tool calling uses the OpenAI function-calling format, which
+LiteLLM translates for every provider; replies stream token by token. The framework's layers come first
+in the class: without ``FunctionInvocationLayer`` no tool would ever run.
 """
 
 from __future__ import annotations
@@ -33,35 +33,27 @@ if TYPE_CHECKING:
 MAX_TOOL_ROUNDS = 12  # model calls per turn segment: a confused model must not loop for long
 
 
-def agent_settings(settings: Settings) -> Settings:
-    """The settings with the agent's model in the root model's place (each unset part falls back)."""
-    return settings.model_copy(
-        update={
-            "lm_model": settings.agent_lm_model or settings.lm_model,
-            "lm_api_base": settings.agent_lm_api_base or (None if settings.agent_lm_model else settings.lm_api_base),
-            "lm_api_key": settings.agent_lm_api_key or settings.lm_api_key,
-        }
-    )
-
-
 class LiteLLMChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatClient):  # type: ignore[misc]
     """``LiteLLMChatClient.from_settings(settings)``: the agent's model, with tool calling and streaming."""
 
     OTEL_PROVIDER_NAME = "litellm"
 
-    def __init__(self, model: str, request_kwargs: dict[str, Any], num_retries: int = 0) -> None:
+    def __init__(
+        self, model: str, request_kwargs: dict[str, Any], num_retries: int = 0, key_note: str | None = None
+    ) -> None:
         super().__init__(function_invocation_configuration={"max_iterations": MAX_TOOL_ROUNDS})
         self.model = model
         self._kwargs = request_kwargs  # api_base, api_key, max_tokens, timeout...: never logged or shown
         self._retries = num_retries
+        self._key_note = key_note  # why a configured key was not sent to this endpoint
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LiteLLMChatClient:
         from fleet_rlm.core.lm import build_lm
 
-        lm = build_lm(agent_settings(settings))
+        lm = build_lm(settings, role="agent")
         kwargs = {k: v for k, v in (lm.kwargs or {}).items() if v is not None}
-        return cls(lm.model, kwargs, num_retries=lm.num_retries)
+        return cls(lm.model, kwargs, num_retries=lm.num_retries, key_note=lm.key_note)
 
     def _inner_get_response(
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
@@ -84,7 +76,7 @@ class LiteLLMChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatCl
         try:
             return await litellm.acompletion(**request, stream=stream, num_retries=self._retries)
         except Exception as exc:  # one sentence with the fix, secrets masked
-            raise explain(exc, self.model, request.get("api_base")) from None
+            raise explain(exc, self.model, request.get("api_base"), self._key_note) from None
 
     async def _complete(self, request: dict[str, Any]) -> ChatResponse:
         reply = await self._call(request, stream=False)
@@ -119,16 +111,16 @@ class LiteLLMChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatCl
             yield ChatResponseUpdate(role="assistant", contents=contents)
 
 
-def explain(exc: Exception, model: str, base: str | None) -> FleetError:
+def explain(exc: Exception, model: str, base: str | None, key_note: str | None = None) -> FleetError:
     """A failed model call as one sentence with the fix (LiteLLM's own exception classes)."""
     import litellm
 
     where = f" at {base}" if base else ""
     first = (str(exc).splitlines() or [type(exc).__name__])[0]
-    if isinstance(exc, litellm.AuthenticationError):
-        message: FleetError = UserError(
-            f"{model}{where} rejected the API key: set FLEET_AGENT_LM_API_KEY (or lm_api_key)"
-        )
+    if isinstance(exc, litellm.AuthenticationError) and key_note:
+        message: FleetError = UserError(f"{model}{where} refused the request: {key_note}")
+    elif isinstance(exc, litellm.AuthenticationError):
+        message = UserError(f"{model}{where} rejected the API key: set FLEET_AGENT_LM_API_KEY (or lm_api_key)")
     elif isinstance(exc, litellm.NotFoundError):
         message = UserError(f"{model}{where} is not a model it serves: check FLEET_AGENT_LM_MODEL")
     elif isinstance(exc, litellm.RateLimitError):

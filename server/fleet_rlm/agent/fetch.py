@@ -2,10 +2,12 @@
 
 Every hop (the first URL and each redirect) is checked the same way: http or https only; the host name
 is resolved once and every address it resolves to must be public (not loopback, private, link-local,
-shared, multicast or reserved) unless ``agent_allowed_hosts`` names the host or a network holding the
-address; the connection then goes to the address that was checked (the name travels in the Host header
-and in TLS SNI, so certificates are still verified against it), so a second DNS answer cannot point the
-request at our own servers. Bodies stop at ``agent_fetch_max_mb``. HTML becomes plain text.
+shared, multicast or reserved; an IPv6 address that carries an IPv4 one, as mapped, compatible, NAT64,
+6to4 or Teredo addresses do, is judged by that IPv4 address too) unless ``agent_allowed_hosts`` names the
+host or a network holding the address; the connection then goes to the address that was checked (the
+name travels in the Host header and in TLS SNI, so certificates are still verified against it), so a
+second DNS answer cannot point the request at our own servers. Bodies stop at ``agent_fetch_max_mb``.
+HTML becomes plain text.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
 MAX_REDIRECTS = 5
 TIMEOUT = 30.0
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# RFC 8215's local-use NAT64 prefix: translated inside one network only, so it never leads anywhere public
+# (and the IPv4 address may sit at several places in it).
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
 class FetchRefused(UserError):
@@ -59,9 +66,24 @@ def allowed(settings: Settings) -> tuple[set[str], list[ipaddress.IPv4Network | 
     return names, networks
 
 
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries (compatible, NAT64, 6to4, Teredo server and client): a
+    packet to it may be delivered to them, so each must be public too."""
+    if address in IPV4_COMPATIBLE or address in NAT64:
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    return []
+
+
 def _public(address: Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # an IPv4 address written as IPv6: only the IPv4 one counts
+            return _public(address.ipv4_mapped)
+        if address in LOCAL_NAT64 or not all(_public(ipv4) for ipv4 in _embedded_ipv4(address)):
+            return False
     return address.is_global and not address.is_multicast
 
 

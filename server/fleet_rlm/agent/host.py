@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agent_framework import Content, Message
 
 from fleet_rlm.agent import views
-from fleet_rlm.agent.approvals import policy_decision, summarize
+from fleet_rlm.agent.approvals import approval_card, policy_decision
 from fleet_rlm.agent.tools import TurnContext
 from fleet_rlm.agent.turn import history, run_segment
 from fleet_rlm.core.errors import Conflict, FleetError, NotFound, UserError
@@ -322,7 +322,8 @@ class AgentHost:
             call = request.function_call
             args = call.parse_arguments() or {} if call is not None else {}
             tool = str(call.name) if call is not None else "unknown"
-            actor = policy_decision(tool, args, conv["grants"] or [], self.settings)
+            card = approval_card(tool, args, self.engine, conv["volume"])
+            actor = policy_decision(tool, args, conv["grants"] or [], card, self.engine)
             rows.append(
                 {
                     "id": request.id,
@@ -331,7 +332,8 @@ class AgentHost:
                     "call_id": str(call.call_id) if call is not None else "",
                     "tool": tool,
                     "arguments": args,
-                    "summary": summarize(tool, args, conv["volume"], self.settings),
+                    "summary": card.summary,
+                    "blocked": card.blocked,
                     "status": "approved" if actor else "pending",
                     "decided_by": actor,
                     "always": False,
@@ -349,7 +351,6 @@ class AgentHost:
 
 def _check_model(engine: Engine) -> None:
     """Fail before a turn exists when the agent has no usable model (one sentence with the fix)."""
-    from fleet_rlm.agent.client import agent_settings
     from fleet_rlm.core.lm import build_lm
 
-    build_lm(agent_settings(engine.settings))
+    build_lm(engine.settings, role="agent")

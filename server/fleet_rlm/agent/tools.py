@@ -21,6 +21,7 @@ from agent_framework import FunctionTool, tool
 from pydantic import Field
 
 from fleet_rlm.core.errors import FleetError, UserError
+from fleet_rlm.core.limits import MAX_COST
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.volumes import parse_volume_ref
 
@@ -49,9 +50,26 @@ class TurnContext:
         return self.engine.workspace.store
 
     def volume(self, given: str | None) -> str:
-        name = given or self.conversation["volume"]
-        self.engine.volumes.check_name(name)
-        return name
+        return volume_name(self.engine, self.conversation["volume"], given)
+
+
+def volume_name(engine: Engine, default: str, given: str | None) -> str:
+    """The volume a call writes to: the one it names, else the conversation's (checked)."""
+    name = given or default
+    engine.volumes.check_name(name)
+    return name
+
+
+def memory_target(path: str) -> str:
+    """The volume path a write_memory call writes: ``path`` under memory/, a leading 'memory/' not doubled,
+    in the form the volume resolves it to. The approval card names the file through this too."""
+    rel = "/".join(p for p in path.strip().replace("\\", "/").split("/") if p not in ("", "."))
+    return "memory/" + (rel.removeprefix("memory/") if rel != "memory" else "")
+
+
+def repo_folder(url: str, name: str | None) -> str:
+    """The folder under buffers/ a repository is copied to (the approval card names it through this too)."""
+    return buffer_name(name or url.rstrip("/").removesuffix(".git"), "")
 
 
 def _friendly(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]]:
@@ -92,7 +110,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         ] = None,
         include_attachments: Annotated[bool, Field(description="Read the files attached to this conversation.")] = True,
         context_text: Annotated[str | None, Field(description="Text to work over that is in no file.")] = None,
-        max_cost: Annotated[float | None, Field(description="Cost cap in USD for the run.")] = None,
+        max_cost: Annotated[float | None, MAX_COST] = None,  # checked by RunRequest, as on every face
     ) -> str:
         from fleet_rlm.core import uploads
         from fleet_rlm.core.types import RunRequest
@@ -114,18 +132,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
             max_cost=max_cost,
         )
         run_id = await uploads.start_run(engine, request, upload_ids)
-        tc.runs.append(run_id)
-        await tc.store.write(tc.store.link_run, tc.conversation["id"], run_id, tc.turn_id)
-        tc.emit({"kind": "run.started", "run_id": run_id})
-        finished = False
-        try:
-            await _follow(engine, run_id, tc.emit)
-            result = await engine.wait(run_id)
-            finished = True
-        finally:
-            if not finished:  # the turn was stopped: so is its run
-                await engine.cancel(run_id)
-        tc.emit({"kind": "run.finished", "run_id": run_id, "status": result.status})
+        result = await _in_turn(tc, run_id)
         return json.dumps(
             {
                 "run_id": run_id,
@@ -136,6 +143,37 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
             },
             ensure_ascii=False,
         )
+
+    @tool(
+        name="replay_run",
+        description="Run a finished RLM run again on the current code, every model call answered from its record "
+        "(no model calls, no cost; volumes read-only). Says per step whether code, output and the model's request "
+        "match the record, and the first step where they part and why.",
+    )
+    @_friendly
+    async def replay_run(run_id: Annotated[str, Field(description="The run to replay.")]) -> str:
+        replay_id = await engine.replay(run_id)
+        await _in_turn(tc, replay_id)
+        return _dump(ws.replay_report(replay_id).model_dump(mode="json"), TRACE_CHARS)
+
+    @tool(
+        name="fork_run",
+        approval_mode="always_require",
+        description="A new RLM run from a finished one: its steps before `at` replayed from the record (no model "
+        "calls), then at that step run `code`, or ask the model with `instruction` added, and go on live (model "
+        "calls and cost from there). Waits for the user's approval.",
+    )
+    @_friendly
+    async def fork_run(
+        run_id: Annotated[str, Field(description="The run to fork.")],
+        at: Annotated[str, Field(description="The step to branch at: '3', or 'NODE:STEP' in a child ('root.1:2').")],
+        code: Annotated[str | None, Field(description="Python to run at that step instead of asking the model.")] = None,
+        instruction: Annotated[str | None, Field(description="Added before the model is asked at that step.")] = None,
+    ) -> str:
+        fork_id = await engine.fork(run_id, at, code=code, instruction=instruction)
+        result = await _in_turn(tc, fork_id)
+        return json.dumps({"run_id": fork_id, "forked_from": run_id, "at": at, "status": result.status,
+                           "answer": result.answer, "error": result.error}, ensure_ascii=False)  # fmt: skip
 
     @tool(name="list_runs", description="Recent RLM runs, newest first: id, status, question and answer previews.")
     @_friendly
@@ -186,7 +224,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         volume: Annotated[str | None, Field(description="Volume name; unset: the conversation's volume.")] = None,
     ) -> str:
         name = tc.volume(volume)
-        rel = "memory/" + path.strip().lstrip("/").removeprefix("memory/")
+        rel = memory_target(path)
         data = text.encode()
         if append:
             with contextlib.suppress(FleetError):  # a new file: nothing to append to
@@ -212,7 +250,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
 
         vol = tc.volume(volume)
         text, final = await fetch_text(url, engine.settings)
-        file = _file_name(name or final, ".txt")
+        file = buffer_name(name or final, ".txt")
         entry = engine.volumes.write(vol, f"buffers/{file}", text, roots=("buffers",))
         return f"saved {entry['size']} bytes of text from {final} as vol:{vol}/buffers/{file}"
 
@@ -232,7 +270,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         from fleet_rlm.agent.repo import add_repo
 
         vol = tc.volume(volume)
-        folder = _file_name(name or url.rstrip("/").removesuffix(".git"), "")
+        folder = repo_folder(url, name)
         copied = await add_repo(url, ref, engine.settings, engine.volumes, vol, f"buffers/{folder}")
         skipped = f"; skipped {len(copied.skipped)} (links, special files or past the limit)" if copied.skipped else ""
         return f"copied {copied.files} files ({copied.bytes} bytes) to vol:{vol}/buffers/{folder}/{skipped}"
@@ -260,6 +298,8 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
 
     return [
         rlm_run,
+        replay_run,
+        fork_run,
         list_runs,
         inspect_trace,
         read_volume_file,
@@ -270,11 +310,30 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
     ]
 
 
-def _file_name(source: str, suffix: str) -> str:
+def buffer_name(source: str, suffix: str) -> str:
     """A safe single file or folder name from a URL or a given name."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", source.split("://")[-1].split("?")[0].strip("/")).strip("-.")[-60:]
     base = base.lstrip("-.") or "page"
     return base if not suffix or base.endswith(suffix) else base + suffix
+
+
+async def _in_turn(tc: TurnContext, run_id: str) -> Any:
+    """Follow a run the turn started to its end, linked to the conversation, its progress in the chat; a
+    stopped turn stops its run."""
+    engine = tc.engine
+    tc.runs.append(run_id)
+    await tc.store.write(tc.store.link_run, tc.conversation["id"], run_id, tc.turn_id)
+    tc.emit({"kind": "run.started", "run_id": run_id})
+    finished = False
+    try:
+        await _follow(engine, run_id, tc.emit)
+        result = await engine.wait(run_id)
+        finished = True
+    finally:
+        if not finished:  # the turn was stopped: so is its run
+            await engine.cancel(run_id)
+    tc.emit({"kind": "run.finished", "run_id": run_id, "status": result.status})
+    return result
 
 
 async def _follow(engine: Engine, run_id: str, emit: Emit) -> None:

@@ -31,6 +31,7 @@ from fleet_rlm.agent.client import LiteLLMChatClient, result_text
 from fleet_rlm.agent.tools import TurnContext, build_tools
 from fleet_rlm.agent.views import PREVIEW
 from fleet_rlm.core.errors import Conflict
+from fleet_rlm.redaction import redact
 from fleet_rlm.store.agent import workflow_name
 
 EXECUTOR_ID = "agent"  # the graph must be the same in every process that resumes it
@@ -115,7 +116,9 @@ class Recorder:
                     tool=content.name,
                     arguments=args,
                 )
-                self.tc.emit({"kind": "tool.call", "call_id": content.call_id, "tool": content.name, "arguments": args})
+                # Masked as the stored row is: a live event never carries a secret.
+                shown = redact(args)
+                self.tc.emit({"kind": "tool.call", "call_id": content.call_id, "tool": content.name, "arguments": shown})
             elif content.type == "function_result" and f"result:{content.call_id}" not in self.seen:
                 await self.flush()
                 self.seen.add(f"result:{content.call_id}")

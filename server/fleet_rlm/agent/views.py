@@ -29,7 +29,12 @@ class Approval(BaseModel):
     turn_id: str
     tool: str
     arguments: dict[str, Any]
-    summary: str = Field(description="Exactly what the call will do.")
+    summary: str = Field(description="Exactly what the call will do: commands, arguments and paths as they are.")
+    blocked: str | None = Field(
+        None,
+        description="Why it cannot be approved: the summary cannot show the call exactly (a configured secret, "
+        "control characters, too long). Only a rejection is taken.",
+    )
     status: ApprovalStatus
     decided_by: str | None = None
     reason: str | None = None

@@ -3,8 +3,10 @@
 The agent's reply streams to stdout; tool calls, RLM progress and approvals go to stderr. When a turn
 pauses for an approval (this conversation's, or any conversation's waiting when the chat starts) the
 chat asks: y (approve once), a (approve, and always for this conversation), n (reject, with a reason the
-agent reads) or s (skip: it stays pending for another face). Ctrl-C stops waiting for a turn; the turn
-itself goes on in the background until the chat ends.
+agent reads) or s (skip: it stays pending for another face). Only those words are answers (or yes, always,
+no, skip): any other line, a new message too, is asked again, never read by its first letter. A call its
+card cannot show exactly is offered n and s only. Ctrl-C stops waiting for a turn; the turn itself goes
+on in the background until the chat ends.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet_rlm.agent.approvals import Answer, parse_answer
 from fleet_rlm.cli.chat import Chat, Interrupted
 from fleet_rlm.core.errors import UserError
 
@@ -32,6 +35,7 @@ HELP = """Talk to the workspace agent, or:
   /new                start a new conversation
   /help               this help                 /quit        leave (Ctrl-D, or Ctrl-C twice)"""
 CHOICES = "[y]es / [a]lways in this conversation / [n]o / [s]kip"
+BLOCKED_CHOICES = "[n]o / [s]kip"
 
 
 class AgentChat(Chat):
@@ -87,25 +91,37 @@ class AgentChat(Chat):
     async def decide(self, approvals: list[Approval]) -> None:
         for approval in approvals:
             print(f"\nThe agent asks to {approval.summary}", file=sys.stderr)
-            answer = ""
-            while answer not in {"y", "a", "n", "s"}:
-                line = await self.interruptible(self.reader.read(f"approve ({CHOICES})? "))
-                if line is None:
-                    return
-                answer = line.strip().lower()[:1]
-            if answer == "s":
+            if approval.blocked:
+                print(f"It cannot be approved: {approval.blocked}.", file=sys.stderr)
+            answer = await self.answer_for(approval)
+            if answer is None:
+                return
+            if answer == "skip":
                 print(f"left pending: approve it later with /approvals (id {approval.id})", file=sys.stderr)
                 continue
             reason = None
-            if answer == "n":
+            if answer == "no":
                 reason = await self.interruptible(self.reader.read("reason (the agent reads it; optional): "))
             decided, feed = await self.host.answer(
-                approval.id, answer != "n", reason=reason, always=answer == "a", actor="cli"
+                approval.id, answer != "no", reason=reason, always=answer == "always", actor="cli"
             )
             print(f"{decided.status}: {decided.summary}", file=sys.stderr)
             if feed is not None:
                 self.conversation_id = decided.conversation_id
                 await self.follow(feed)
+
+    async def answer_for(self, approval: Approval) -> Answer | None:
+        """The person's answer to one approval, asked until it is one of the offered words; None at the end
+        of input."""
+        choices, offered = (BLOCKED_CHOICES, ("no", "skip")) if approval.blocked else (CHOICES, None)
+        while True:
+            line = await self.interruptible(self.reader.read(f"approve ({choices})? "))
+            if line is None:
+                return None
+            answer = parse_answer(line)
+            if answer is not None and (offered is None or answer in offered):
+                return answer
+            print(f"not an answer: type one of {choices} (nothing was decided or sent)", file=sys.stderr)
 
     async def run_command(self, cmd: str, arg: str) -> bool:
         if cmd == "/attach":
@@ -138,7 +154,11 @@ class AgentChat(Chat):
         from fleet_rlm.core.uploads import UploadWriter
 
         paths = [Path(p).expanduser() for p in arg.split()] if arg else []
-        if not paths or not all(p.is_file() for p in paths):
+        try:
+            missing = not paths or not all(p.is_file() for p in paths)
+        except OSError as exc:  # a name too long for the file system, ...
+            raise UserError(f"cannot attach '{exc.filename}': {exc.strerror}") from None
+        if missing:
             raise UserError("give files that exist: /attach FILE... (folders: put them in a volume)")
         ids = []
         for path in paths:

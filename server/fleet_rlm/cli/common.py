@@ -16,6 +16,7 @@ import traceback
 from typing import Any, NoReturn
 
 from fleet_rlm.core.errors import FleetError, UserError
+from fleet_rlm.core.limits import LIMITS, Limit
 
 INTERRUPTED = 130
 # A finished job's status as an exit code: scripts tell a clean answer (0) from one extracted after a
@@ -85,6 +86,28 @@ def positive(kind: type[int] | type[float]) -> Any:
     return parse
 
 
+def number(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a finite number; a run limit's range is checked later, by ``check_limits``, so the
+    CLI refuses a bad one with the sentence every face gives."""
+
+    def parse(text: str) -> int | float:
+        return _number(kind, text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def limit_argument(parser: argparse.ArgumentParser, limit: Limit, help: str | None = None) -> None:
+    """The flag of a run limit (``--max-iters``), its type and help from the limit's declaration."""
+    meaning = limit.meaning[:1].lower() + limit.meaning[1:]
+    parser.add_argument(
+        "--" + limit.name.replace("_", "-"),
+        type=number(limit.kind),
+        metavar=limit.metavar,
+        help=help or f"{meaning}; left out: the setting's value (default {limit.default_text})",
+    )
+
+
 def not_negative(text: str) -> int:
     value = _number(int, text)
     if value < 0:
@@ -105,8 +128,7 @@ def _number(kind: type[int] | type[float], text: str) -> int | float:
 
 
 def limit_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("max_iters", "max_depth", "max_llm_calls", "max_seconds", "max_cost")
-    return {k: getattr(args, k, None) for k in keys}
+    return {k: getattr(args, k, None) for k in LIMITS}
 
 
 def settings_for(args: argparse.Namespace) -> Any:

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleet_rlm import __version__
-from fleet_rlm.cli.common import Parser, fail, not_negative, positive
+from fleet_rlm.cli.common import Parser, fail, limit_argument, not_negative, positive
+from fleet_rlm.core.limits import LIMITS, MAX_ITERS, check_limits  # a leaf module: --help stays fast
 from fleet_rlm.core.types import STATUSES  # a leaf module: --help stays fast
 
 Handler = Callable[[argparse.Namespace], int]
@@ -17,11 +18,8 @@ TRACE_MODES = ["compact", "verbose", "off"]
 
 
 def _limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-iters", type=positive(int), metavar="N", help="steps per RLM node (default 20)")
-    p.add_argument("--max-depth", type=not_negative, metavar="D", help="child RLM depth (default 2; 0: none)")
-    p.add_argument("--max-llm-calls", type=positive(int), metavar="N", help="model calls per run (default 500)")
-    p.add_argument("--max-seconds", type=positive(float), metavar="S", help="wall time per run (default 1800)")
-    p.add_argument("--max-cost", type=positive(float), metavar="USD", help="USD per run, where prices are known")
+    for limit in LIMITS.values():
+        limit_argument(p, limit)
     p.add_argument("--sandbox", choices=["local", "daytona"], default=None, help="where code runs (local, daytona)")
 
 
@@ -81,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="print a run's events as JSON lines")
     export.add_argument("run_id")
+    _rerun(sub)
 
     vol = sub.add_parser("volumes", help="list, read, write and delete volume files")
     vsub = vol.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -158,6 +157,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _rerun(sub: Any) -> None:
+    """``replay`` and ``fork`` (docs/replay.md)."""
+    from fleet_rlm.cli.rerun import since_date
+
+    replay = sub.add_parser("replay", help="rerun recorded runs on the current code, every model call from the record")
+    replay.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="the runs to replay")
+    replay.add_argument("--all", action="store_true", help="every finished run (with --since: created since DATE)")
+    replay.add_argument("--since", type=since_date, metavar="DATE", help="with --all: runs created on or after DATE")
+    replay.add_argument("--json", action="store_true", help="print the report (several: a list) as JSON")
+
+    fork = sub.add_parser("fork", help="a new run from a recorded one: steps before STEP replayed, then live")
+    fork.add_argument("run_id")
+    fork.add_argument("--at", required=True, metavar="STEP", help="the step to branch at: N, or NODE:N (root.1:2)")
+    given = fork.add_mutually_exclusive_group()
+    given.add_argument("--code", metavar="FILE", help="run this Python (- for stdin) at that step, asking no model")
+    given.add_argument("--instruction", metavar="TEXT", help="ask the model at that step with this added")
+    limit_argument(fork, MAX_ITERS, help=f"steps per node, {MAX_ITERS.span} (default: the run's)")
+    fork.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
 def _optimization(sub: Any) -> None:
     """``dataset``, ``optimize`` and ``programs`` (docs/optimization.md)."""
     ds = sub.add_parser("dataset", help="datasets of questions with expected answers, for optimize")
@@ -221,6 +240,8 @@ def _fraction(text: str) -> float:
 def _handler(name: str) -> Handler:
     if name in {"run", "runs", "trace", "export"}:
         from fleet_rlm.cli import runs as mod
+    elif name in {"replay", "fork"}:
+        from fleet_rlm.cli import rerun as mod  # type: ignore[no-redef]
     elif name == "volumes":
         from fleet_rlm.cli import volumes as mod  # type: ignore[no-redef]
     elif name == "serve-mcp":
@@ -261,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run one command; every failure becomes one line and an exit status, in ``fail``."""
     try:
+        check_limits(vars(args))  # before any work, in the words every face uses
         code = _handler(args.command)(args)
         sys.stdout.flush()  # a reader that left (`| head`) shows up here, not at exit
         return code

@@ -77,6 +77,8 @@ def _workspace() -> Any:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from fleet_rlm.core.views import lineage_line, lineage_of
+
     with _workspace() as ws:
         rows = ws.runs(limit=args.limit, status=args.status)
     if args.json:
@@ -91,6 +93,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                     "iterations": r.iterations,
                     "llm_calls": r.llm_calls,
                     "session_id": r.session_id,
+                    **lineage_of(r),
                 }
                 for r in rows
             ]
@@ -102,7 +105,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print('no runs yet: try `fleet-rlm run "question" --context FILE`')
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
-        print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}")
+        lineage = lineage_line(**lineage_of(r))
+        print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}" + (f"  ({lineage})" if lineage else ""))
     return 0
 
 

@@ -42,8 +42,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "list":
         settings = cfg.load_settings()
         dotenv, saved = cfg.dotenv_settings(), cfg.read_user_settings()
+        withheld = cfg.withheld_keys(settings)
         for name in cfg.Settings.model_fields:
-            print(f"{name:<22} {_display(settings, name):<40} [{_source(name, dotenv, saved)}]")
+            note = f"  {withheld[name]}" if name in withheld else ""
+            print(f"{name:<22} {_display(settings, name):<40} [{_source(name, dotenv, saved)}]{note}")
         return 0
     name = _field(args.key)
     if args.action == "get":
@@ -51,7 +53,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     if args.action == "unset":
         if name in cfg.SECRET_FIELDS:
-            removed = cfg.keyring_delete(name)
+            removed = cfg.forget_secret(name)
             print(f"{name}: removed from the keyring" if removed else f"{name}: was not in the keyring")
         else:
             cfg.update_user_settings(lambda values: values.pop(name, None))
@@ -66,17 +68,12 @@ def cmd_config(args: argparse.Namespace) -> int:
             value = getpass.getpass(f"{name} (not echoed): ")
         if not value:
             raise UserError(f"{name}: empty value, nothing stored")
-        cfg.keyring_set(name, value)
+        cfg.save_settings({name: value})  # with the endpoint the key is for
         print(f"{name}: stored in the OS keyring, {cfg.mask(value)}")
         return 0
     if value is None:
         raise UserError(f"give a value: fleet-rlm config set {name} VALUE")
-
-    def assign(values: dict[str, object]) -> None:
-        cfg.validate_setting(name, value, values)
-        values[name] = value
-
-    cfg.update_user_settings(assign)
+    cfg.save_settings({name: value})
     print(f"{name} = {value}  (saved in {cfg.user_settings_path()})")
     return 0
 

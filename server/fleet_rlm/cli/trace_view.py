@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.tree import Tree
 
+from fleet_rlm.core.views import lineage_line, lineage_of
+
 
 def _short(text: str | None, full: bool, limit: int = 400) -> str:
     text = text or ""
@@ -20,7 +22,9 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
         lm = step.get("lm") or {}
         tokens = (lm.get("prompt_tokens") or 0) + (lm.get("completion_tokens") or 0)
         head = f"[bold]step {step['step']}[/bold]"
-        if lm:
+        if lm.get("replayed"):
+            head += " [dim](answered from the record)[/dim]"
+        elif lm:
             head += f" [dim]({lm.get('model')}, {tokens:,} tokens, {lm.get('latency') or 0:.2f}s)[/dim]"
         if step.get("submitted"):
             head += " [green]SUBMIT[/green]"
@@ -65,6 +69,9 @@ def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Cons
     )
     tree = Tree(title)
     tree.add("[bold]question[/bold] " + escape(_short(row.question, full)))
+    lineage = lineage_line(**lineage_of(row))
+    if lineage:
+        tree.add("[blue]lineage[/blue] " + escape(lineage))
     _node_tree(tree.add("[cyan]root[/cyan]"), trace, "root", full)
     if row.answer is not None:
         tree.add("[green]answer[/green] " + escape(_short(row.answer, full, 2000)))

@@ -26,15 +26,14 @@ def _split(target: str, *, need_path: str | None = None) -> tuple[str, str]:
 def _read_source(source: str) -> bytes:
     if source == "-":
         return sys.stdin.buffer.read()
-    path = Path(source).expanduser()
-    if path.is_dir():
-        raise UserError(f"'{source}' is a folder: put copies one file (repeat it per file)")
     try:
-        return path.read_bytes()
+        return Path(source).expanduser().read_bytes()
+    except IsADirectoryError:
+        raise UserError(f"'{source}' is a folder: put copies one file (repeat it per file)") from None
     except FileNotFoundError:
         raise UserError(f"no file '{source}': give an existing local file, or - for stdin") from None
-    except PermissionError:
-        raise UserError(f"cannot read '{source}': permission denied") from None
+    except OSError as exc:  # permission denied, a name too long for the file system, ...
+        raise UserError(f"cannot read '{source}': {exc.strerror}") from None
 
 
 def cmd_volumes(args: argparse.Namespace) -> int:

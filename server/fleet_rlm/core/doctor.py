@@ -23,14 +23,14 @@ async def _check_model(settings: cfg.Settings, offline: bool) -> dict[str, Any]:
     try:
         lm = build_lm(settings)  # a model string LiteLLM cannot route fails here
         lm.num_retries = 0
-        await preflight(lm)  # the same check a run makes first: unknown model, closed port
+        doubts = await preflight(lm)  # the same check a run makes first: unknown model, closed port
         _, usage = await metered(lambda: lm.acall(prompt="Reply with the word OK.", max_tokens=5))
     except FleetError as exc:
         return {"ok": False, "detail": exc.message, "fix": _FIX}
     except Exception as exc:
         return {"ok": False, "detail": explain_lm_error(exc, lm), "fix": _FIX}
     latency = f", answered in {usage.latency:.2f}s" if usage else ""
-    return {"ok": True, "detail": f"{settings.lm_model} at {where}{latency}"}
+    return {"ok": True, "detail": f"{settings.lm_model} at {where}{latency}" + "".join(f"; {d}" for d in doubts)}
 
 
 async def check_model(settings: cfg.Settings) -> dict[str, Any]:
@@ -71,6 +71,10 @@ async def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[s
     except SandboxError as exc:  # every run would fail: ``blocking`` makes doctor fail too
         report["sandbox"] = {"ok": False, "blocking": True, "detail": str(exc), "fix": _sandbox_fix()}
     report["keyring"] = _check_keyring(settings)
+    withheld = cfg.withheld_keys(settings)
+    if withheld:  # a model moved away from its key: its calls go out without one
+        report["keys"] = {"ok": False, "detail": "; ".join(withheld.values()),
+                          "fix": "give each key again for its model's endpoint, or point the model back"}  # fmt: skip
     report["store"] = {"ok": True, "detail": str(settings.store_path), "exists": settings.store_path.exists()}
     report["git"] = _check_git()
     return report

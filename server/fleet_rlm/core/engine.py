@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
 import time
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
@@ -23,7 +25,9 @@ from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.context import ContextError, check_host_paths
 from fleet_rlm.core.errors import Conflict, FleetError, UserError
 from fleet_rlm.core.events import EventBus
+from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
+from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.types import Event, RunRequest, RunResult
 from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
@@ -62,6 +66,16 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
 
 
+def _empty_folder(path: Path, spec: str) -> bool:
+    """Whether a host context path is an empty folder; ContextError when it is missing or the OS refuses it."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode) and next(path.iterdir(), None) is None
+    except (FileNotFoundError, NotADirectoryError):
+        raise ContextError(f"context path '{spec}' does not exist") from None
+    except OSError as exc:  # permission denied, a name too long for the file system, a loop of links
+        raise ContextError(f"context path '{spec}' cannot be used: {exc.strerror}") from None
+
+
 class Engine:
     """Use as ``async with Engine() as engine:``."""
 
@@ -76,6 +90,7 @@ class Engine:
         self._lms: tuple[Any, Any] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._workspace: Workspace | None = None
+        self._preflight = asyncio.Lock()
 
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
@@ -129,6 +144,7 @@ class Engine:
     def validate(self, req: RunRequest) -> None:
         """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
         self._models()  # raises ConfigError with the fix when no model is set
+        self.check_cost_cap(limits_for(req, self.settings).max_cost)
         try:  # never run somewhere other than asked
             backend = get_backend(self.settings.sandbox)
         except SandboxError as exc:
@@ -145,9 +161,7 @@ class Engine:
                 self.volumes.stat(*ref)  # NotFound names the volume or file, with the fix
                 continue
             path = Path(spec).expanduser()
-            if not path.exists():
-                raise ContextError(f"context path '{spec}' does not exist")
-            if path.is_dir() and next(path.iterdir(), None) is None:
+            if _empty_folder(path, spec):
                 raise ContextError(f"context folder '{spec}' is empty: give a folder with files in it")
             if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
                 raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
@@ -161,15 +175,26 @@ class Engine:
             if row is not None and row.closed_at is not None:
                 raise Conflict(f"session '{req.session_id}' is closed: use a new session id")
 
-    async def start_run(self, req: RunRequest, *, replay: Replay | None = None) -> str:
+    def check_cost_cap(self, max_cost: float | None) -> None:
+        """ConfigError, with the fix, when a run could not enforce this cost cap (a model without a known price)."""
+        from fleet_rlm.core.lm import check_cost_cap
+
+        check_cost_cap(max_cost, *self._models())
+
+    async def start_run(self, req: RunRequest, *, replay: Replay | None = None, rerun: Rerun | None = None) -> str:
         """Validate, record the run as queued and start it; returns the run id at once.
 
-        The run uses the active program version (recorded on its row), or ``replay``'s candidate."""
+        The run uses the active program version (recorded on its row), or ``replay``'s candidate.
+        ``rerun``: a replay or fork of a recorded run (``replay``, ``fork`` below)."""
         store = self._require_store()
-        self.validate(req)
+        live = rerun is None or rerun.kind == "fork"  # a replay asks no model: nothing to check it against
+        if live:
+            self.validate(req)
         from fleet_rlm.core.lm import preflight
 
-        await preflight(*self._models())  # once per engine: a wrong model or a closed port, before a run exists
+        # Once per engine: a wrong model or a closed port, before a run exists; doubts become the run's warnings.
+        async with self._preflight:  # a burst of first runs waits for one check, not one each
+            doubts = await preflight(*self._models()) if live else []
         if req.session_id and store.get_session(req.session_id) is None:
             await store.write(store.create_session, req.session_id)  # naming a new session starts it
         run_id = new_id("r")
@@ -180,8 +205,9 @@ class Engine:
             RunRecord(
                 id=run_id,
                 session_id=req.session_id,
-                parent_run_id=replay.parent if replay else None,
-                kind="eval" if replay else "run",
+                parent_run_id=replay.parent if replay else rerun.source.id if rerun else None,
+                kind="eval" if replay else "replay" if rerun and rerun.kind == "replay" else "run",
+                fork_at=rerun.fork.at if rerun and rerun.fork else None,
                 program_version=version,
                 question=req.question,
                 status="queued",
@@ -199,7 +225,31 @@ class Engine:
                 owner_host=socket.gethostname(),
             ),
         )
-        self.start_task(run_id, self._execute(run_id, req, program))
+        self.start_task(run_id, self._execute(run_id, req, program, doubts, rerun))
+        return run_id
+
+    async def replay(self, run_id: str) -> str:
+        """Run a finished run again against the current code in a fresh sandbox, every model call answered
+        from its record (none made, nothing paid); returns the replay's run id at once. ``wait`` for it,
+        then ``workspace.replay_report(id)`` says where it parted from the record (docs/replay.md)."""
+        return await self._rerun(*plan_replay(self._require_store(), run_id))
+
+    async def fork(
+        self, run_id: str, at: str, *, code: str | None = None, instruction: str | None = None,
+        max_iters: int | None = None,
+    ) -> str:
+        """A new run that replays ``run_id``'s steps before ``at`` ("3", "root:3", "root.1:2") from its
+        record, runs ``code`` at that step (or asks the model, with ``instruction`` added to its transcript)
+        and goes on live to its end; returns its id at once. It records its parent and fork step."""
+        store = self._require_store()
+        return await self._rerun(*plan_fork(store, run_id, at, code=code, instruction=instruction, max_iters=max_iters))
+
+    async def _rerun(self, req: RunRequest, rerun: Rerun) -> str:
+        run_id = await self.start_run(req, rerun=rerun)
+        store = self._require_store()
+        used = store.run_uploads(rerun.source.id)  # the files it reads live as long as a run uses them
+        if used:
+            await store.write(store.attach_uploads, run_id, used)
         return run_id
 
     def start_task(self, task_id: str, job: Coroutine[Any, Any, None]) -> None:
@@ -290,14 +340,19 @@ class Engine:
 
         return emit
 
-    async def _execute(self, run_id: str, req: RunRequest, program: Any) -> None:
+    async def _execute(
+        self, run_id: str, req: RunRequest, program: Any, warnings: list[str], rerun: Rerun | None = None
+    ) -> None:
         store = self._require_store()
         emit = self._emit(run_id)
         started = time.time()
         # Queued, not awaited: it commits before the run's events (queue order is commit order).
         store.submit(store.update_run, run_id, status="running", started_at=started)
         limits = limits_for(req, self.settings)
-        emit("run.started", {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id})
+        opening = {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id}
+        emit("run.started", opening | ({"lineage": rerun.lineage} if rerun else {}))
+        for message in warnings + (rerun.warnings if rerun else []):
+            emit("warning", {"message": message})
         ctx: RunContext | None = None
         status, answer, stop_reason, error = "failed", None, None, None
         scratch = self.settings.work_root / run_id  # host-only: no sandbox sees or writes it
@@ -313,7 +368,11 @@ class Engine:
                     emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
                                      "sandbox or process stopped); this run starts a fresh REPL"})
                     session.lost_state = False
-            ctx = self._run_context(run_id, emit, limits, scratch, self.mounted_volumes(req.volume), program)
+            # Every run keeps its record; a replay's or fork's tape also answers from its source's.
+            keep = functools.partial(store.keep_record, run_id)
+            tape = rerun.tape(keep, emit) if rerun else Tape(keep, emit)
+            volumes = self._rerun_volumes(rerun, emit) if rerun else self.mounted_volumes(req.volume)
+            ctx = self._run_context(run_id, emit, limits, scratch, volumes, program, tape)
             spec = ctx.sandbox_spec("root")
             existing = session.sandbox if session else None
             async with open_sandbox(self.settings, spec, existing, usage=ctx.usage) as sandbox:
@@ -321,6 +380,9 @@ class Engine:
                     session.started = True
                 for message in sandbox.warnings:
                     emit("warning", {"message": message})
+                if spec.read_only_volumes and volumes and not getattr(sandbox, "volumes_read_only", False):
+                    emit("warning", {"message": "this sandbox cannot mount volumes read-only: what the replayed "
+                                     "code writes to a volume, it writes again"})
                 staged = await load_inputs(
                     sandbox, ctx.inputs_file("root"), req.question, paths=req.context_paths,
                     texts=req.context_text, volumes=self.volumes, roots=self.settings.allowed_context_roots,
@@ -331,6 +393,7 @@ class Engine:
                                             "skipped": staged.skipped[:50], "report": staged.report()})
                     if session is not None:
                         session.has_context = True
+                await record_inputs(tape, req.context_text, list(volumes), staged)
                 from fleet_rlm.core.node import NodeRuntime
 
                 root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,
@@ -364,18 +427,26 @@ class Engine:
         if self._lms is None:
             from fleet_rlm.core.lm import build_lm
 
-            self._lms = (build_lm(self.settings), build_lm(self.settings, sub=True))
+            self._lms = (build_lm(self.settings), build_lm(self.settings, role="sub"))
         return self._lms
 
     def _run_context(
-        self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any
+        self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any, tape: Tape
     ) -> RunContext:
         root_lm, sub_lm = self._models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
             root_lm=root_lm, sub_lm=sub_lm, program=program, scratch=scratch, volumes=volumes,
-            volume_store=self.volumes,
+            volume_store=self.volumes, tape=tape,
         )
+
+    def _rerun_volumes(self, rerun: Rerun, emit: Any) -> dict[str, Path]:
+        """The volumes the source run mounted (not those made since: the model's first view would differ)."""
+        names = set(self.volumes.names())
+        gone = [name for name in rerun.volumes if name not in names]
+        if gone:
+            emit("warning", {"message": f"volume(s) {', '.join(gone)} the recorded run mounted are gone"})
+        return {name: self.volumes.path(name) for name in rerun.volumes if name in names}
 
     async def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
                       stop_reason: str | None, error: str | None, started: float) -> None:
@@ -383,7 +454,7 @@ class Engine:
         store = self._require_store()
         bus = self.bus
         assert bus is not None
-        usage = ctx.usage.to_dict() if ctx else {}
+        usage = ctx.usage_report() if ctx else {}
         iterations = ctx.iterations if ctx else 0
         llm_calls = ctx.budget.llm_calls if ctx else 0
         finished = time.time()

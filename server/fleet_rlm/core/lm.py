@@ -8,6 +8,7 @@ instead of after the first call's retries; ``explain_lm_error`` says the same fo
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,7 +31,8 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
 )
 
-from fleet_rlm.config import ConfigError, Settings
+from fleet_rlm.config import ROLE_FIELDS, ConfigError, Role, Settings, env_name, key_for, role_model_and_base
+from fleet_rlm.core import tape
 from fleet_rlm.core.errors import FleetError, Unavailable, UserError
 from fleet_rlm.redaction import redact_text
 
@@ -46,6 +48,7 @@ class CallUsage:
     completion_tokens: int = 0
     cost: float | None = None
     latency: float = 0.0
+    replayed: bool = False  # answered from a run's record (core.tape): no model was called, nothing paid
 
 
 @dataclass
@@ -97,11 +100,29 @@ class MeteredLM(dspy.LM):
     """
 
     preflight_ok = False  # set by ``preflight`` once the model was found; LMs live as long as their engine
+    key_note: str | None = None  # why a configured key was not sent to this endpoint (``config.key_for``)
+    price: tuple[float, float] | None = None  # USD per prompt and per reply token set for this model
 
     def update_history(self, entry: dict[str, Any]) -> None:
+        if self.price is not None:  # the user's price wins over LiteLLM's cost map (none for local models)
+            tokens = entry.get("usage") or {}
+            prompt, reply = int(tokens.get("prompt_tokens") or 0), int(tokens.get("completion_tokens") or 0)
+            entry["cost"] = prompt * self.price[0] + reply * self.price[1]
         sink = _sink.get()
         if sink is not None:
             sink.append(entry)
+
+    # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape).
+    def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
+        return tape.call(self, prompt, messages, functools.partial(super().__call__, prompt, messages=messages, **kwargs))
+
+    async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
+        return await tape.acall(self, prompt, messages, functools.partial(super().acall, prompt, messages=messages, **kwargs))
+
+
+def usage_records() -> list[dict[str, Any]] | None:
+    """Where the call in progress hands its usage records (``metered``'s list), if anyone collects them."""
+    return _sink.get()
 
 
 @contextmanager
@@ -137,6 +158,7 @@ def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
     if not records:
         return None
     usage = CallUsage(model=str(records[-1].get("model") or ""), latency=latency)
+    usage.replayed = all(rec.get("replayed") for rec in records)
     cost = 0.0
     for rec in records:
         tokens = rec.get("usage") or {}
@@ -145,10 +167,6 @@ def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
         cost += float(rec.get("cost") or 0.0)
     usage.cost = cost or None
     return usage
-
-
-def _secret(value: Any) -> str | None:
-    return value.get_secret_value() if value is not None else None
 
 
 def _check_model_name(model: str, setting: str) -> None:
@@ -172,22 +190,26 @@ def _check_model_name(model: str, setting: str) -> None:
         )
 
 
-def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
-    """The root LM, or the sub LM (which falls back to the root's model, base and key)."""
-    model = (settings.sub_lm_model if sub else None) or settings.lm_model
+def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
+    """The LM of ``role``: the root, the sub model of llm_query or the workspace agent, each unset
+    part of the latter two from the root's. Its key is the one bound to its endpoint, if any."""
+    model, api_base = role_model_and_base(dict(settings), role)
     if not model:
         raise ConfigError(
             "No model configured: set FLEET_LM_MODEL to a LiteLLM model string "
             "(e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama_chat/llama3.1), "
             "or run `fleet-rlm config set lm_model <model>`."
         )
-    _check_model_name(model, "FLEET_SUB_LM_MODEL" if sub and settings.sub_lm_model else "FLEET_LM_MODEL")
-    api_base = (settings.sub_lm_api_base if sub else None) or settings.lm_api_base
-    api_key = (_secret(settings.sub_lm_api_key) if sub else None) or _secret(settings.lm_api_key)
+    own_model = ROLE_FIELDS[role][0]
+    _check_model_name(model, env_name(own_model if getattr(settings, own_model) else "lm_model"))
+    key = key_for(settings, role)
+    api_key = key.value
     if api_base and not api_key:
-        api_key = "not-needed"  # local OpenAI-compatible servers (Ollama, vLLM) ignore the key
+        # Local OpenAI-compatible servers (Ollama, vLLM) ignore it, and LiteLLM then sends no key
+        # of its own finding (OPENAI_API_KEY) to a base it was not given for.
+        api_key = "not-needed"
     try:
-        return MeteredLM(
+        lm = MeteredLM(
             model,
             api_base=api_base,
             api_key=api_key,
@@ -199,33 +221,127 @@ def build_lm(settings: Settings, *, sub: bool = False) -> MeteredLM:
     except (ValueError, LMConfigurationError) as exc:  # e.g. reasoning models refuse a small max_tokens
         blame = " (FLEET_LM_MAX_TOKENS)" if "max_tokens" in str(exc) else ""
         raise ConfigError(redact_text(f"{model} cannot be used with these settings{blame}: {exc}")) from None
+    lm.key_note = key.note
+    lm.price = _price(settings, role)
+    return lm
 
 
-async def preflight(*lms: MeteredLM) -> None:
-    """Check once per LM, before a run's first step, that its model exists where it is asked for.
+PRICE_PREFIX: dict[Role, str] = {"root": "lm", "sub": "sub_lm"}  # the agent's own calls are not metered
+
+
+def _price(settings: Settings, role: Role) -> tuple[float, float] | None:
+    """USD per prompt and per reply token set for ``role``'s model: its own two settings, else the root's
+    when it runs the root's model. None: LiteLLM's cost map prices it, if it knows the model."""
+    own = _price_setting(settings, PRICE_PREFIX.get(role))
+    if own is not None or role == "root":
+        return own
+    runs_root_model = role_model_and_base(dict(settings), role)[0] == settings.lm_model
+    return _price_setting(settings, "lm") if runs_root_model else None
+
+
+def _price_setting(settings: Settings, prefix: str | None) -> tuple[float, float] | None:
+    if prefix is None:
+        return None
+    given_in = getattr(settings, f"{prefix}_price_per_mtok_in")
+    given_out = getattr(settings, f"{prefix}_price_per_mtok_out")
+    if given_in is None or given_out is None:  # a price needs both: half of one would undercount
+        return None
+    return float(given_in) / 1e6, float(given_out) / 1e6
+
+
+def has_price(lm: MeteredLM) -> bool:
+    """Whether a call's cost is known: a price set for the model, or one above zero in LiteLLM's cost map
+    (local models are missing there or listed at zero, so their calls would count as $0)."""
+    if lm.price is not None:
+        return True
+    import litellm
+
+    try:
+        info = litellm.get_model_info(lm.model)
+    except Exception:  # not in the map
+        return False
+    return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
+
+
+def check_cost_cap(max_cost: float | None, root: MeteredLM, sub: MeteredLM) -> None:
+    """Refuse, before any model call, a cost cap a run could not enforce: one of its models has no known
+    price, so its calls would count as $0 and the cap would never be reached."""
+    if max_cost is None:
+        return
+    runs: tuple[tuple[MeteredLM, Role], ...] = ((root, "root"), (sub, "sub"))
+    for lm, role in runs:
+        if not has_price(lm):
+            prefix, which = PRICE_PREFIX[role], "the sub model " if role == "sub" else ""
+            raise ConfigError(
+                f"a cost cap of ${max_cost:g} cannot be enforced: {which}{lm.model} has no known price, so its "
+                f"calls would count as $0; set {prefix}_price_per_mtok_in and {prefix}_price_per_mtok_out (USD per "
+                "million tokens), or cap model calls with max_llm_calls instead of max_cost."
+            )
+
+
+async def preflight(*lms: MeteredLM) -> list[str]:
+    """Check once per LM, before a run's first step, that its model exists where it is asked for;
+    returns warnings, one line each, for the run to show.
 
     Raises ``Unavailable`` (nothing answers at the address) or ``UserError`` (unknown model, key
     refused), each one sentence with the fix. With an ``api_base`` (an OpenAI-compatible server)
-    the check reads ``GET {base}/models``: no model call, nothing billed, nothing a scripted test
-    server counts as a request. Without one, the provider gets a 5-token call without retries.
-    Anything less clear than a definite no (no /models route, a slow or busy server) passes: the
-    run's own call, with its retries, has the last word. Success is remembered on the LM; the
-    engine builds its LMs once, so this runs once per engine and model."""
+    the check reads ``GET {base}/models``; a model it lists passes with no model call. One it does
+    not list is refused only on a definite no: Ollama's list is exactly what it serves, anything
+    else gets a 5-token call without retries, refused if the server rejects the name; otherwise
+    a warning (llama.cpp's server and wildcard proxies answer any name). Without a base, the
+    provider gets that 5-token call. Anything less clear than a definite no (no /models route, a
+    slow or busy server) passes: the run's own call, with its retries, has the last word. Success
+    is remembered on the LM; the engine builds its LMs once, so this runs once per engine and model."""
     checked: set[tuple[str, Any]] = set()
+    warnings: list[str] = []
     for lm in lms:
         key = (lm.model, (lm.kwargs or {}).get("api_base"))
-        if lm.preflight_ok or key in checked:  # the sub LM is often the root's model
+        if key in checked:  # the sub LM is often the root's model: found with it
+            lm.preflight_ok = True
+        if lm.preflight_ok:
             continue
         base = key[1]
         if base:
-            await _check_served(lm, str(base).rstrip("/"))
+            warnings += await _check_served(lm, str(base).rstrip("/"))
         else:
             await _check_call(lm)
         lm.preflight_ok = True
         checked.add(key)
+    return warnings
 
 
-async def _check_served(lm: MeteredLM, base: str) -> None:
+# Servers whose model list is exactly what they answer to (Ollama serves the models pulled).
+STRICT_PROVIDERS = frozenset({"ollama", "ollama_chat"})
+
+
+async def _check_served(lm: MeteredLM, base: str) -> list[str]:
+    served = await _served_models(lm, base)
+    provider, _, name = lm.model.partition("/")
+    if not served or {lm.model, name, f"{name}:latest"} & set(served):
+        return []
+    shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
+    refusal = UserError(
+        redact_text(
+            f"{base} serves no model '{name}' ({lm.model}): it serves {shown}; set FLEET_LM_MODEL "
+            f"to one of them with its provider prefix ({LIST_MODELS.format(base=base)})."
+        )
+    )
+    if provider in STRICT_PROVIDERS:
+        raise refusal
+    try:
+        await _tiny_call(lm)
+    except LMUnsupportedModelError:
+        raise refusal from None
+    except LMAuthError:
+        raise UserError(_key_refused(lm, f" at {base}")) from None
+    except Exception:  # slow, busy, or a setting the tiny call trips on: the run's first call decides
+        pass
+    listing = f"{base} does not list '{name}' (it lists {shown})"
+    return [redact_text(f"{listing}; using it anyway, as servers that answer any name (llama.cpp, proxies) allow")]
+
+
+async def _served_models(lm: MeteredLM, base: str) -> list[str]:
+    """The names ``GET {base}/models`` lists; empty when it lists nothing usable (no such route)."""
     import httpx
 
     key = (lm.kwargs or {}).get("api_key")
@@ -238,28 +354,24 @@ async def _check_served(lm: MeteredLM, base: str) -> None:
             f"cannot reach {lm.model}: nothing answers at {base}; is the server running? (check FLEET_LM_API_BASE)"
         ) from None
     except httpx.HTTPError:  # slow, or speaking something else: let the real call tell
-        return
+        return []
     if reply.status_code in (401, 403):
-        raise UserError(_key_refused(lm.model, f" at {base}"))
+        raise UserError(_key_refused(lm, f" at {base}"))
     try:
-        served = [str(m["id"]) for m in reply.json()["data"]] if reply.status_code == 200 else []
+        return [str(m["id"]) for m in reply.json()["data"]] if reply.status_code == 200 else []
     except (ValueError, KeyError, TypeError):
-        return
-    name = lm.model.partition("/")[2]
-    if served and not {lm.model, name, f"{name}:latest"} & set(served):
-        shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
-        raise UserError(
-            redact_text(
-                f"{base} serves no model '{name}' ({lm.model}): it serves {shown}; set FLEET_LM_MODEL "
-                f"to one of them with its provider prefix ({LIST_MODELS.format(base=base)})."
-            )
-        )
+        return []
+
+
+async def _tiny_call(lm: MeteredLM) -> None:
+    """A 5-token call without retries: the cheapest question a provider answers with a verdict."""
+    probe = lm.copy(num_retries=0, timeout=PREFLIGHT_SECONDS)
+    await probe.acall(prompt="Reply with the word OK.", max_tokens=5)
 
 
 async def _check_call(lm: MeteredLM) -> None:
-    probe = lm.copy(num_retries=0, timeout=PREFLIGHT_SECONDS)
     try:
-        await probe.acall(prompt="Reply with the word OK.", max_tokens=5)
+        await _tiny_call(lm)
     except (LMAuthError, LMUnsupportedModelError, LMConfigurationError) as exc:
         raise UserError(explain_lm_error(exc, lm)) from None
     except LMTransportError as exc:
@@ -268,7 +380,11 @@ async def _check_call(lm: MeteredLM) -> None:
         return
 
 
-def _key_refused(model: str, where: str) -> str:
+def _key_refused(lm: dspy.LM | None, where: str) -> str:
+    model = getattr(lm, "model", "the model")
+    note = getattr(lm, "key_note", None)
+    if note:  # the server wanted a key, and the one configured is for another endpoint
+        return f"{model}{where} refused the request: {note}."
     return f"{model}{where} rejected the API key: set a valid FLEET_LM_API_KEY (or `fleet-rlm config set lm_api_key`)."
 
 
@@ -290,8 +406,8 @@ def _explain(exc: BaseException, lm: dspy.LM | None) -> str:
     if isinstance(exc, LMUnsupportedModelError):
         listing = f" ({LIST_MODELS.format(base=base)})" if base else ""
         return f"{model}{where} is not a model it knows: check FLEET_LM_MODEL{listing}."
-    if isinstance(exc, LMAuthError):
-        return _key_refused(model, where)
+    if isinstance(exc, LMAuthError) or (isinstance(exc, LMConfigurationError) and getattr(lm, "key_note", None)):
+        return _key_refused(lm, where)
     if isinstance(exc, LMTransportError):
         return f"cannot reach {model}{where} ({first}): check FLEET_LM_API_BASE and that the server is running."
     if isinstance(exc, LMRateLimitError):

@@ -12,10 +12,12 @@ from typing import Any, Protocol
 
 import dspy
 
+from fleet_rlm.core import tape
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
 from fleet_rlm.core.lm import CallUsage, explain_lm_error, metered
 from fleet_rlm.core.program import extract_code
+from fleet_rlm.core.replies import noting_reply_forms
 from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import Sandbox, cap_middle
 
@@ -32,10 +34,13 @@ class RunHost(Protocol):
     adapter: Any
     subcall_gate: asyncio.Semaphore
     volume_store: Any  # volumes for quota trimming, or None
+    tape: tape.Tape | None  # the run's record (core.tape)
 
     def emit(self, kind: str, data: dict[str, Any], *, node: str, parent: str | None, depth: int) -> Any: ...
 
     def record_usage(self, usage: CallUsage) -> None: ...
+
+    def count_reply_forms(self, forms: list[str]) -> None: ...
 
     def next_batch_id(self) -> int: ...
 
@@ -69,6 +74,7 @@ class NodeRuntime:
         query: str,
         sandbox: Sandbox,
         staged: StagedContext | None,
+        origin: str = "",
     ) -> None:
         self.run = run
         self.node = node
@@ -79,20 +85,53 @@ class NodeRuntime:
         self.staged = staged
         self.budget = run.budget
         self.max_iters = run.limits.max_iters
+        # Where in the run each call is made, for its record (core.tape): the path of the parent's
+        # step that started this node ("root#2>"), this node's step in progress, and the step's
+        # sub-queries and host calls so far.
+        self.origin = origin
+        self.step = 0
+        self._subs = 0
+        self._calls = 0
+
+    def step_path(self, step: int) -> str:
+        return f"{self.origin}{self.node}#{step}"
 
     # -- host functions the sandbox code calls ------------------------------------------------
 
     def host_functions(self) -> dict[str, Any]:
-        return {
+        functions = {
             "llm_query": self.llm_query,
             "llm_query_batched": self.llm_query_batched,
             "rlm_query": self.rlm_query,
             "rlm_query_batched": self.rlm_query_batched,
         }
+        return {name: self._kept(name, fn) for name, fn in functions.items()}
+
+    def _kept(self, name: str, fn: Any) -> Any:
+        """``fn`` with its result (or error, as the code sees it) kept in the run's record."""
+        record = self.run.tape
+        if record is None:
+            return fn
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            slot = f"{self.step_path(self.step)}/call{self._calls}"
+            self._calls += 1
+            try:
+                value = await fn(*args, **kwargs)
+            except Exception as exc:
+                record.keep_host(slot, name, [args, kwargs], {"error": redact_text(f"{type(exc).__name__}: {exc}")})
+                raise
+            record.keep_host(slot, name, [args, kwargs], {"value": value})
+            return value
+
+        return call
 
     async def llm_query(self, prompt: str) -> str:
         """One sub-model call; errors reach the REPL code as RuntimeError."""
-        result = await self._subcall(_require_text(prompt), batch=None)
+        refusal = self._prompt_refusal(prompt)
+        if refusal:
+            raise ValueError(refusal)
+        result = await self._subcall(prompt, batch=None)
         if result.startswith("[ERROR]"):
             raise RuntimeError(result[8:])
         return result
@@ -127,9 +166,26 @@ class NodeRuntime:
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
-    async def _subcall(self, prompt: Any, *, batch: tuple[int, int, int] | None) -> str:
+    def _prompt_refusal(self, prompt: Any) -> str | None:
+        """Why a prompt is never sent to the sub-model, or None. The host checks it: the sandbox's
+        code could forge the call past any check made inside."""
         if not isinstance(prompt, str) or not prompt.strip():
-            return "[ERROR] the prompt must be a non-empty string"
+            return "the prompt must be a non-empty string"
+        limit = self.run.settings.subcall_max_chars
+        if len(prompt) > limit:
+            return (
+                f"the prompt is {len(prompt):,} characters, over the {limit:,}-character limit of one sub-call "
+                "(FLEET_SUBCALL_MAX_CHARS); split it into pieces (llm_query_batched over chunks) and combine "
+                "the answers"
+            )
+        return None
+
+    async def _subcall(self, prompt: Any, *, batch: tuple[int, int, int] | None) -> str:
+        slot = f"{self.step_path(self.step)}/sub{self._subs}"  # numbered before any wait: in the order asked
+        self._subs += 1
+        refusal = self._prompt_refusal(prompt)
+        if refusal:
+            return f"[ERROR] {refusal}"
         run = self.run
         data: dict[str, Any] = {"prompt_preview": prompt[:PREVIEW], "prompt_chars": len(prompt)}
         if batch:
@@ -137,7 +193,8 @@ class NodeRuntime:
         try:
             self.budget.reserve(1)
             async with run.subcall_gate:
-                answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt), run.record_usage)
+                with tape.at(run.tape, slot):
+                    answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt), run.record_usage)
             text = str(answer[0]) if answer else ""
             data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
             data.update(usage_fields(usage))
@@ -187,26 +244,34 @@ class NodeRuntime:
         # ASCII only, like everything this runtime adds to a prompt: one non-ASCII character moves
         # the whole request off the ASCII fast paths of encoding (~1 ms a call at 30K characters).
         limits = self.run.limits
-        return (
+        line = (
             f"[step {step} of {self.max_iters} | {self.budget.calls_left} model calls left | "
             f"depth {self.depth} of {limits.max_depth} | {self.budget.seconds_left:.0f} s left]"
         )
+        note = self.run.tape.instruction(self.step_path(step)) if self.run.tape else None
+        return f"{line}\nInstruction for step {step}: {note}" if note else line
 
     async def predict(
         self, predictor: dspy.Predict, *, step: int, final: bool = False, **inputs: Any
     ) -> dspy.Prediction:
-        """One root-model call through the chat adapter, metered and traced.
+        """One root-model call through the chat adapter, metered and traced, with the form its
+        reply came in (an unreadable one is counted too, then its parse error propagates).
 
         ``final`` is the extraction after a budget ran out: it must run regardless."""
         run = self.run
         if not final:
             self.budget.check()
-        with dspy.context(lm=run.root_lm, adapter=run.adapter):
-            prediction, usage = await metered(lambda: predictor.acall(**inputs), run.record_usage)
+        slot = f"{self.step_path(step)}/{'extract' if final else 'act'}"
+        with dspy.context(lm=run.root_lm, adapter=run.adapter), noting_reply_forms() as forms, tape.at(run.tape, slot):
+            try:
+                prediction, usage = await metered(lambda: predictor.acall(**inputs), run.record_usage)
+            finally:
+                run.count_reply_forms(forms)
         data: dict[str, Any] = {
             "step": step,
             "predictor": "extract" if final else "act",
             "reasoning": str(getattr(prediction, "reasoning", "") or ""),
+            "reply_form": forms[-1] if forms else None,
         }
         data.update(usage_fields(usage))
         self.emit("lm.call", data)
@@ -220,6 +285,7 @@ class NodeRuntime:
             shown = f"Error: {exc}"
             self.emit("code.executed", {"step": step, "code": reply, "output": shown, "error": str(exc)})
             return Outcome(shown, None)
+        self.step, self._subs, self._calls = step, 0, 0
         # A step never outlives the run's wall-time budget.
         timeout = min(self.run.settings.exec_timeout, max(1.0, self.budget.seconds_left))
         started = time.time()  # what this step writes is what a volume quota may remove
@@ -272,7 +338,7 @@ def usage_fields(usage: CallUsage | None) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "cost": usage.cost,
         "latency": round(usage.latency, 4),
-    }
+    } | ({"replayed": True} if usage.replayed else {})
 
 
 def _require_text(value: Any) -> str:

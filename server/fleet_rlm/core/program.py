@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from fleet_rlm.core import replies
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.types import NodeHost
 
@@ -104,8 +104,9 @@ def render_transcript(steps: list[Step], observation: str) -> str:
 
 class TranscriptAdapter(dspy.ChatAdapter):
     """The chat adapter with the system message built once per signature (about 0.3 ms a step
-    otherwise) and no JSON fallback (a second, unbudgeted call per bad reply; the loop asks
-    again instead)."""
+    otherwise), reading every unambiguous form of a reply (``core.replies``: JSON, prose and one
+    code block, tags), so no JSON fallback: that is a second, unbudgeted call per reply a model
+    writes in JSON; a reply in no form is refused and the loop asks again."""
 
     def __init__(self) -> None:
         super().__init__(use_json_adapter_fallback=False)
@@ -117,21 +118,33 @@ class TranscriptAdapter(dspy.ChatAdapter):
             self._system[shape] = super().format_system_message(signature)
         return self._system[shape]
 
+    def parse(self, signature: type[dspy.Signature], completion: str) -> dict[str, Any]:
+        try:  # the form asked for first: the common path costs what it always did
+            fields: dict[str, Any] = super().parse(signature, completion)
+        except AdapterParseError:
+            other = replies.read_other_forms(signature, completion)
+            if other is None:
+                replies.note_form(replies.UNREADABLE)
+                raise
+            form, fields = other
+        else:
+            form = replies.header_form(completion)
+        replies.note_form(form)
+        return fields
+
 
 FORMAT_HELP = (
     "Error: your last reply could not be read. Reply with the fields [[ ## reasoning ## ]] and "
     "[[ ## code ## ]] (Python in a ```python block), then [[ ## completed ## ]]."
 )
 
-_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-
 
 def extract_code(text: str) -> str:
     """The code inside the reply's fences (python, py or untagged), or the bare reply."""
-    blocks = _FENCE.findall(text or "")
+    blocks = replies.FENCE.findall(text or "")
     if not blocks:
         return (text or "").strip()
-    wrong = {tag for tag, _ in blocks if tag.lower() not in {"", "python", "py", "python3"}}
+    wrong = {tag for tag, _ in blocks if tag.lower() not in replies.PYTHON_TAGS}
     if wrong:
         raise SyntaxError(f"code fenced as {', '.join(sorted(wrong))}; write Python in a ```python block")
     return "\n".join(body.strip("\n") for _, body in blocks)

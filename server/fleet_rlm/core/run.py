@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import shutil
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from fleet_rlm.core.context import StagedContext, stage_context
 from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
 from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
+from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.base import Sandbox, SandboxSpec, create_sandbox
 from fleet_rlm.volumes import LocalVolumes
@@ -39,12 +41,16 @@ class RunContext:
         scratch: Path,
         volumes: dict[str, Path],
         volume_store: LocalVolumes | None = None,
+        tape: Tape | None = None,
     ) -> None:
         self.run_id = run_id
         self.settings = settings
         self.limits = limits
         self.budget = Budget(limits)
         self.usage = Usage()
+        self.replayed = Usage()  # calls answered from a record (replay, a fork's first steps): no model called
+        self.tape = tape  # keeps what every call returned; in a replay or fork, answers from the source run's
+        self.reply_forms: Counter[str] = Counter()  # how the root model's replies were written (core.replies)
         self.emit = emit  # (kind, data, *, node, parent, depth): every node's events go here
         self.root_lm = root_lm
         self.sub_lm = sub_lm
@@ -59,8 +65,20 @@ class RunContext:
         self._children: dict[str, int] = {}
 
     def record_usage(self, usage: CallUsage) -> None:
-        self.usage.add(usage)
+        # A replayed call costs nothing now, but the budget sees what it cost when recorded, so the
+        # run stops where the recorded run stopped.
+        (self.replayed if usage.replayed else self.usage).add(usage)
         self.budget.charge(usage.cost)
+
+    def count_reply_forms(self, forms: list[str]) -> None:
+        self.reply_forms.update(forms)
+
+    def usage_report(self) -> dict[str, Any]:
+        """What the run used, as recorded: tokens and cost per model, and its replies per form."""
+        report = {**self.usage.to_dict(), "reply_forms": dict(self.reply_forms)}
+        if self.replayed.by_model:
+            report["replayed"] = self.replayed.to_dict()["total"]
+        return report
 
     def next_batch_id(self) -> int:
         self._batches += 1
@@ -69,7 +87,9 @@ class RunContext:
     def sandbox_spec(self, node: str) -> SandboxSpec:
         """A fresh folder per node, side by side in the host-only scratch folder: never inside
         another sandbox's tree, so no sandbox can plant a link where a child's folder goes."""
-        return sandbox_spec(self.settings, self.scratch / f"node-{node}", self.volumes)
+        spec = sandbox_spec(self.settings, self.scratch / f"node-{node}", self.volumes)
+        spec.read_only_volumes = self.tape is not None and self.tape.mode == "replay"  # a replay writes nothing
+        return spec
 
     def inputs_file(self, node: str) -> Path:
         return self.scratch / f"context-{node}.txt"
@@ -107,7 +127,8 @@ class RunContext:
                     sandbox, self.inputs_file(node), prompt, texts=[context] if context else []
                 )
                 runtime = NodeRuntime(
-                    self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged
+                    self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged,
+                    origin=parent.step_path(parent.step) + ">",
                 )
                 result = await self.run_node(runtime)
         except Exception as exc:
@@ -152,6 +173,10 @@ def sandbox_spec(settings: Settings, work_dir: Path, volumes: dict[str, Path]) -
         memory_mb=settings.memory_mb,
         max_procs=settings.max_procs,
         exec_timeout=settings.exec_timeout,
+        host_call_mb=settings.host_call_mb,
+        host_call_total_mb=settings.host_call_total_mb,
+        work_quota_mb=settings.work_quota_mb,
+        work_max_files=settings.work_max_files,
     )
 
 

@@ -38,6 +38,8 @@ def build_trace(events: Sequence[Event]) -> dict[str, Any]:
         node = nodes.setdefault(name, _new_node(name, ev.get("parent"), ev.get("depth", 0)))
         if kind == "run.started":
             run.update(question=data.get("question"), limits=data.get("limits"), started=ev["ts"])
+            if data.get("lineage"):  # a replay's or fork's source
+                run["lineage"] = data["lineage"]
         elif kind == "run.finished":
             run.update({k: data.get(k) for k in
                         ("status", "answer", "stop_reason", "error", "usage", "iterations", "llm_calls", "seconds")})
@@ -50,7 +52,8 @@ def build_trace(events: Sequence[Event]) -> dict[str, Any]:
             step["ts"] = step["ts"] or ev["ts"]
             step["reasoning"] = data.get("reasoning")
             step["lm"] = {k: data.get(k) for k in
-                          ("model", "predictor", "prompt_tokens", "completion_tokens", "cost", "latency")}
+                          ("model", "predictor", "reply_form", "prompt_tokens", "completion_tokens", "cost",
+                           "latency", "replayed")}
         elif kind == "code.executed":
             step = _step(node, data.get("step", 0))
             step.update({k: data.get(k) for k in ("code", "output", "error", "error_kind", "duration")})

@@ -1,7 +1,8 @@
 """The vocabulary every face shares: run requests and results, statuses, event kinds and payloads.
 
-A leaf: it imports nothing of DSPy and nothing of this package but the error classes, so the CLI,
-MCP, web and desktop faces can import it for free, and core modules depend on it, not on each other.
+A leaf: it imports nothing of DSPy and nothing of this package but the error classes and the run limits
+(``core.limits``, a leaf too), so the CLI, MCP, web and desktop faces can import it for free, and core
+modules depend on it, not on each other.
 
 Events travel in a versioned envelope (``EVENT_VERSION``)::
 
@@ -13,13 +14,13 @@ Events travel in a versioned envelope (``EVENT_VERSION``)::
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds the events schema from these (needs it before 3.12)
 
 from fleet_rlm.core.errors import UserError
+from fleet_rlm.core.limits import LIMITS, check_limits
 
 # -- run statuses -----------------------------------------------------------------------------
 
@@ -49,6 +50,9 @@ SUBCALL_FINISHED: Final = "subcall.finished"
 CHILD_STARTED: Final = "child.started"
 CHILD_FINISHED: Final = "child.finished"
 WARNING: Final = "warning"
+# A replay met a call whose request changed, one the record has no reply for, or a host call that
+# returned something else than recorded (core/tape.py, docs/replay.md).
+REPLAY_DIVERGED: Final = "replay.diverged"
 # An optimization is a run-like stream under its own id (a runs row of kind "optimize"): these
 # kinds, then run.finished last, as for every run.
 OPTIMIZE_STARTED: Final = "optimize.started"
@@ -65,6 +69,7 @@ EventKind = Literal[
     "child.started",
     "child.finished",
     "warning",
+    "replay.diverged",
     "optimize.started",
     "optimize.eval",
     "optimize.scored",
@@ -72,7 +77,7 @@ EventKind = Literal[
 ]
 EVENT_KINDS: Final = frozenset(
     {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED, CHILD_STARTED,
-     CHILD_FINISHED, WARNING, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED, OPTIMIZE_FINISHED}
+     CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED, OPTIMIZE_FINISHED}
 )
 
 
@@ -98,12 +103,25 @@ class Usage(TypedDict, total=False):
     completion_tokens: int
     cost: float | None
     latency: float
+    replayed: bool  # answered from a run's record (a replay, a fork's first steps): no model was called
 
 
-class RunStartedData(TypedDict):
+class Lineage(TypedDict):
+    """Where a replay or a fork comes from."""
+
+    kind: Literal["replay", "fork"]
+    source: str  # the run it replays or forks
+    at: str | None  # a fork's step, "NODE:STEP" ("root:3")
+
+
+class _RunOpening(TypedDict):
     question: str  # capped at 2,000 characters
     limits: dict[str, Any]
     session_id: str | None
+
+
+class RunStartedData(_RunOpening, total=False):
+    lineage: Lineage  # a replay's or a fork's only
 
 
 class RunFinishedData(TypedDict):
@@ -113,7 +131,7 @@ class RunFinishedData(TypedDict):
     answer: str | None
     stop_reason: str | None
     error: str | None
-    usage: dict[str, Any]  # {"total": {...}, "by_model": {model: {...}}}
+    usage: dict[str, Any]  # {"total": {...}, "by_model": {model: {...}}, "reply_forms": {form: count}}
     iterations: int
     llm_calls: int
     seconds: float
@@ -126,12 +144,17 @@ class ContextLoadedData(TypedDict):
     report: str
 
 
+# How a root-model reply was written (``core.replies``); "unreadable" ones are only counted.
+ReplyForm = Literal["fields", "fields_unclosed", "json", "xml", "prose_code", "plain_text"]
+
+
 class LmCallData(Usage):
     """One root-model step (``predictor`` "act") or the final extraction ("extract")."""
 
     step: int
     predictor: Literal["act", "extract"]
     reasoning: str
+    reply_form: ReplyForm | None  # None: a predictor that reports no form (an optimizer's wrapper)
 
 
 class CodeExecutedData(TypedDict, total=False):
@@ -173,6 +196,15 @@ class ChildFinishedData(TypedDict):
 
 class WarningData(TypedDict):
     message: str
+
+
+class ReplayDivergedData(TypedDict):
+    """Where a replay left its record: the call's position (core/tape.py) and why."""
+
+    slot: str  # "root#3/act", "root#2/sub0", "root#2>root.1#1/act", "root#0/inputs"
+    step: int
+    reason: Literal["prompt", "missing", "host", "inputs"]
+    detail: str
 
 
 class OptimizeStartedData(TypedDict):
@@ -231,6 +263,7 @@ PAYLOADS: Final[dict[str, type]] = {
     CHILD_STARTED: ChildStartedData,
     CHILD_FINISHED: ChildFinishedData,
     WARNING: WarningData,
+    REPLAY_DIVERGED: ReplayDivergedData,
     OPTIMIZE_STARTED: OptimizeStartedData,
     OPTIMIZE_EVAL: OptimizeEvalData,
     OPTIMIZE_SCORED: OptimizeScoredData,
@@ -239,12 +272,11 @@ PAYLOADS: Final[dict[str, type]] = {
 
 # -- requests and results ---------------------------------------------------------------------
 
-_LIMITS = ("max_iters", "max_depth", "max_llm_calls", "max_seconds", "max_cost")
-
 
 @dataclass
 class RunRequest:
-    """What a face asks for. Limits left as None take the settings' values.
+    """What a face asks for. Limits left as None take the settings' values; the rest are checked against
+    their one declaration (``core.limits``), so every face refuses a bad one with the same sentence.
 
     Construction checks what can be checked without the settings or the file system, so a bad
     request never becomes a recorded run."""
@@ -264,16 +296,7 @@ class RunRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise UserError("the question is empty: say what you want to know")
-        for name in _LIMITS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise UserError(f"{name} must be a number, not {value!r}")
-            if name == "max_depth" and value < 0:
-                raise UserError(f"max_depth must be 0 or more (0: rlm_query is a plain model call), not {value}")
-            if name != "max_depth" and value <= 0:
-                raise UserError(f"{name} must be more than 0, not {value}: leave it unset for the default")
+        check_limits({name: getattr(self, name) for name in LIMITS})
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -75,6 +75,9 @@ class RunState(BaseModel):
     llm_calls: int
     usage: dict[str, Any]
     progress: Progress
+    kind: str = Field("run", description="run, or replay (a rerun answered from its parent's record).")
+    parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
+    fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
 
 
 class RunSummary(BaseModel):
@@ -85,6 +88,9 @@ class RunSummary(BaseModel):
     created_at: float
     seconds: float | None
     session_id: str | None
+    kind: str = "run"
+    parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
+    fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
 
 
 class RunList(BaseModel):
@@ -119,6 +125,7 @@ def run_state(rec: RunRecord, events: Sequence[Event]) -> RunState:
         llm_calls=rec.llm_calls or progress.llm_calls,
         usage=rec.usage or {},
         progress=progress,
+        **lineage_of(rec),
     )
 
 
@@ -131,7 +138,24 @@ def run_summary(rec: RunRecord) -> RunSummary:
         created_at=rec.created_at,
         seconds=seconds_of(rec) if rec.started_at else None,
         session_id=rec.session_id,
+        **lineage_of(rec),
     )
+
+
+def lineage_of(rec: RunRecord) -> dict[str, Any]:
+    """Where a replay or fork comes from (an optimization's runs name the optimization instead)."""
+    parent = rec.parent_run_id if rec.kind in ("run", "replay") else None
+    return {"kind": rec.kind, "parent_run_id": parent, "fork_at": rec.fork_at}
+
+
+def lineage_line(kind: str, parent_run_id: str | None, fork_at: str | None) -> str | None:
+    """"forked from RUN at step 3" / "replay of RUN": one line every face shows."""
+    if parent_run_id is None:
+        return None
+    if kind == "replay":
+        return f"replay of {parent_run_id}"
+    node, _, step = (fork_at or "root:?").rpartition(":")
+    return f"forked from {parent_run_id} at step {step}" + (f" of {node}" if node != "root" else "")
 
 
 def run_result(rec: RunRecord) -> RunResult:
@@ -242,6 +266,9 @@ class TraceView(BaseModel):
     )
     step: StepDetail | None = Field(None, description="The requested step, when ``step`` was given.")
     has_more: bool
+    lineage: dict[str, Any] | None = Field(
+        None, description="A replay's or fork's source: {kind, source, at} (at: a fork's NODE:STEP)."
+    )
 
 
 def trace_page(
@@ -278,6 +305,7 @@ def trace_page(
         "nodes": list(nodes),
         "steps_total": len(steps),
         "offset": offset,
+        "lineage": run.get("lineage"),
     }
     if step is not None:
         found = next((s for s in steps if s["step"] == step), None)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
 from fleet_rlm.core.errors import NotFound, UserError
-from fleet_rlm.core.types import STATUSES, Event, RunResult
+from fleet_rlm.core.rerun import ReplayReport, replay_report
+from fleet_rlm.core.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
 from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.volumes import LocalVolumes, volumes_for
 
@@ -58,6 +59,20 @@ class Workspace:
 
     def run_result(self, run_id: str) -> RunResult:
         return views.run_result(self.run(run_id))
+
+    def replay_report(self, run_id: str) -> ReplayReport:
+        """How a replay compares with the run it replays, step by step (docs/replay.md)."""
+        row = self.run(run_id)
+        if row.kind != "replay" or row.parent_run_id is None:
+            raise UserError(f"run '{run_id}' is not a replay: `fleet-rlm replay {run_id}` replays it")
+        source = self.run(row.parent_run_id)
+        return replay_report(row, self.store.events(run_id), source, self.store.events(source.id))
+
+    def finished_runs_since(self, since: float, limit: int = 1000) -> list[str]:
+        """Ids of people's runs created since ``since`` that have ended, oldest first: what a regression
+        replay (`fleet-rlm replay --all --since DATE`) goes through."""
+        rows = self.store.list_runs(limit=limit, kind="run")
+        return [r.id for r in reversed(rows) if r.created_at >= since and r.status not in ACTIVE_STATUSES]
 
     def list_runs(
         self,

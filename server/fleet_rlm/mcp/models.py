@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from fleet_rlm.core import views
+from fleet_rlm.core.rerun import ReplayReport
 from fleet_rlm.core.types import RunStatus
 from fleet_rlm.core.views import (
     FileEntry,
@@ -25,7 +26,8 @@ from fleet_rlm.core.views import (
 )
 
 __all__ = [
-    "CancelOutput", "DoctorReport", "FileContent", "FileEntry", "FileList", "Progress", "RunList", "RunOutput",
+    "CancelOutput", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress", "ReplayOutput",
+    "RunList", "RunOutput",
     "RunState", "RunSummary", "StartedRun", "StepDetail", "StepSummary", "SubcallView", "TraceView",
     "VolumeInfo", "VolumeList", "WrittenFile",
 ]
@@ -43,6 +45,19 @@ class RunOutput(views.RunOutput):
     """The outcome of a finished run."""
 
     trace_uri: str = Field(description="Resource with the full step-by-step trace.")
+
+
+class ReplayOutput(ReplayReport):
+    """How a replay compares with the run it replays."""
+
+    trace_uri: str = Field(description="Resource with the replay's own trace.")
+
+
+class ForkOutput(RunOutput):
+    """The outcome of a fork, with where it came from."""
+
+    parent_run_id: str = Field(description="The run it was forked from.")
+    fork_at: str = Field(description="The step it branched at, NODE:STEP (root:3).")
 
 
 class RunState(views.RunState):

@@ -19,6 +19,7 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from fleet_rlm.agent.approvals import YesNo
 from fleet_rlm.agent.views import Approval, TurnOutcome
 from fleet_rlm.mcp.views import user_errors
 from mcp import types
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from fleet_rlm.mcp.provider import EngineProvider
 
 INPUT_REQUIRED_ERA = "2026-07-28"
+PENDING_FIELDS = {"id", "tool", "summary", "blocked", "expires_at"}
 HOW_TO_APPROVE = (
     "The agent waits for approval {ids}. Approve or reject with the approve tool (approval_id, approve, reason), "
     "in the web Workbench's Chat mode (`fleet web`), or in the terminal with `fleet --agent`."
@@ -39,15 +41,16 @@ HOW_TO_APPROVE = (
 class ApprovalForm(BaseModel):
     """What the person answers (flat, as elicitation requires)."""
 
-    approve: bool = Field(description="Let the agent do this?")
+    approve: YesNo = Field(description="Let the agent do this?")
     reason: str = Field("", description="Why (the agent reads it).")
-    always: bool = Field(False, description="Allow this tool without asking for the rest of the conversation.")
+    always: YesNo = Field(False, description="Allow this tool without asking for the rest of the conversation.")
 
 
 class PendingApproval(BaseModel):
     id: str
     tool: str
     summary: str
+    blocked: str | None = Field(None, description="Why it cannot be approved, only rejected (see Approval).")
     expires_at: float
 
 
@@ -77,17 +80,16 @@ class ConversationsOutput(BaseModel):
 
 
 def _output(outcome: TurnOutcome) -> ChatOutput:
-    pending = [
-        PendingApproval(**a.model_dump(include={"id", "tool", "summary", "expires_at"})) for a in outcome.pending
-    ]
+    pending = [PendingApproval(**a.model_dump(include=PENDING_FIELDS)) for a in outcome.pending]
     how = HOW_TO_APPROVE.format(ids=", ".join(p.id for p in pending)) if pending else None
     return ChatOutput(**outcome.model_dump(exclude={"pending"}), pending=pending, how_to_approve=how)
 
 
 def _question(approval: Approval) -> types.ElicitRequest:
+    ask = f"It cannot be approved ({approval.blocked}): reject it?" if approval.blocked else "Approve?"
     return types.ElicitRequest(
         params=types.ElicitRequestFormParams(
-            message=f"The fleet-rlm agent asks to {approval.summary}. Approve?",
+            message=f"The fleet-rlm agent asks to {approval.summary}. {ask}",
             requested_schema=render_elicitation_schema(ApprovalForm),
         )
     )
@@ -101,6 +103,8 @@ async def _decide(
         return None  # dismissed: it stays pending, answerable from any face
     form = ApprovalForm.model_validate(content or {}) if action == "accept" else None
     approve = bool(form and form.approve)
+    if approve and approval.blocked:
+        return None  # it cannot be approved: it stays pending, and the result lists it with the reason
     reason = (form.reason if form else "") or (None if approve else "declined in the MCP client")
     _, feed = await host.answer(approval.id, approve, reason=reason, always=bool(form and form.always), actor="mcp")
     return await feed.outcome() if feed else None
@@ -202,9 +206,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     )
     async def approve(
         approval_id: Annotated[str, Field(min_length=1, description="The approval's id.")],
-        approve: Annotated[bool, Field(description="true: let the agent do it; false: reject it.")],
+        approve: Annotated[YesNo, Field(description="true: let the agent do it; false: reject it.")],
         reason: Annotated[str | None, Field(description="Why; the agent reads it.")] = None,
-        always: Annotated[bool, Field(description="Also allow this tool for the rest of the conversation.")] = False,
+        always: Annotated[YesNo, Field(description="Also allow this tool for the rest of the conversation.")] = False,
     ) -> ApproveOutput:
         host = await agent_host()
         with user_errors():
@@ -234,10 +238,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         with user_errors():
             listing = host.list_conversations()
             one = host.conversation(conversation_id).model_dump(mode="json") if conversation_id else None
-        pending = [
-            PendingApproval(**a.model_dump(include={"id", "tool", "summary", "expires_at"}))
-            for a in listing.pending_approvals
-        ]
+        pending = [PendingApproval(**a.model_dump(include=PENDING_FIELDS)) for a in listing.pending_approvals]
         return ConversationsOutput(
             conversations=[c.model_dump(mode="json") for c in listing.conversations],
             pending_approvals=pending,

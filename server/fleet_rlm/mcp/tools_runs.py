@@ -11,9 +11,20 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.core.progress import ProgressTracker
-from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest, RunStatus
-from fleet_rlm.mcp.models import CancelOutput, RunList, RunOutput, RunState, StartedRun, run_uri, trace_uri
+from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest, RunResult, RunStatus
+from fleet_rlm.mcp.models import (
+    CancelOutput,
+    ForkOutput,
+    ReplayOutput,
+    RunList,
+    RunOutput,
+    RunState,
+    StartedRun,
+    run_uri,
+    trace_uri,
+)
 from fleet_rlm.mcp.views import run_output, run_state, user_errors
 
 if TYPE_CHECKING:
@@ -62,15 +73,12 @@ VolumeName = Annotated[
         ),
     ),
 ]
-MaxIters = Annotated[int | None, Field(ge=1, le=200, description="Steps per RLM node (default from settings, 20).")]
-MaxDepth = Annotated[
-    int | None, Field(ge=0, le=5, description="Child RLM nesting depth (default 2; 0: no child RLMs).")
-]
-MaxCalls = Annotated[
-    int | None,
-    Field(ge=1, le=100_000, description="Model calls per run, sub-queries included (default 500)."),
-]
-MaxSeconds = Annotated[float | None, Field(gt=0, le=86_400, description="Wall-clock limit in seconds (default 1800).")]
+# The schema advertises each limit's declared bounds; RunRequest checks them, with the message every face gives.
+MaxIters = Annotated[int | None, MAX_ITERS]
+MaxDepth = Annotated[int | None, MAX_DEPTH]
+MaxCalls = Annotated[int | None, MAX_LLM_CALLS]
+MaxSeconds = Annotated[float | None, MAX_SECONDS]
+MaxCost = Annotated[float | None, MAX_COST]
 RunId = Annotated[str, Field(min_length=1, description="A run id, as returned by run or start_run.")]
 
 RUN_DESCRIPTION = """\
@@ -113,6 +121,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         max_depth: MaxDepth = None,
         max_llm_calls: MaxCalls = None,
         max_seconds: MaxSeconds = None,
+        max_cost: MaxCost = None,
     ) -> RunOutput:
         eng = await engine()
         req = _request(
@@ -125,21 +134,11 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
+            max_cost=max_cost,
         )
         with user_errors():
             run_id = await eng.start_run(req)
-        finished = False
-        try:
-            await _follow(eng, run_id, ctx)
-            result = await eng.wait(run_id)
-            finished = True
-        finally:
-            if not finished:
-                # The client cancelled (or went away): stop the run so it is recorded cancelled.
-                # Shielded, or the pending cancellation would abort the cleanup itself.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
-                    await eng.cancel(run_id)
-        return run_output(result)
+        return run_output(await _to_the_end(eng, run_id, ctx))
 
     @server.tool(
         title="Start a run in the background",
@@ -166,6 +165,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         max_depth: MaxDepth = None,
         max_llm_calls: MaxCalls = None,
         max_seconds: MaxSeconds = None,
+        max_cost: MaxCost = None,
     ) -> StartedRun:
         eng = await engine()
         req = _request(
@@ -178,6 +178,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
+            max_cost=max_cost,
         )
         with user_errors():
             run_id = await eng.start_run(req)
@@ -269,6 +270,69 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         with user_errors():
             return eng.workspace.list_runs(limit=limit, offset=offset, status=status)
 
+    @server.tool(
+        title="Replay a run from its record",
+        description=(
+            "Run a finished run again on the current code in a fresh sandbox, every model call answered from "
+            "the run's record: no model is asked and nothing is paid. Reports per step whether the code, the "
+            "output and the model's request match the record, the first step where they part and why, and "
+            "whether the answer is the same (diverged: false means nothing differed). Volumes are mounted "
+            "read-only. Progress on every step; cancelling the call stops the replay."
+        ),
+        annotations=ToolAnnotations(
+            title="Replay run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    async def replay_run(run_id: RunId, ctx: Context) -> ReplayOutput:
+        eng = await engine()
+        with user_errors():
+            replay_id = await eng.replay(run_id)
+        await _to_the_end(eng, replay_id, ctx)
+        report = eng.workspace.replay_report(replay_id)
+        return ReplayOutput(**report.model_dump(), trace_uri=trace_uri(replay_id))
+
+    @server.tool(
+        title="Fork a run from one of its steps",
+        description=(
+            "A new run that replays a finished run's steps before `at` from its record (no model calls, no "
+            "cost), then at that step runs the given `code` instead of asking the model, or asks the model "
+            "with `instruction` added to its transcript, and goes on live to its end (model calls and cost "
+            "from there). Use it to try a different step without paying for the ones before it. Returns the "
+            "new run's outcome with its lineage. Progress on every step; cancelling the call stops the run."
+        ),
+        annotations=ToolAnnotations(
+            title="Fork run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=True,
+        ),
+    )
+    async def fork_run(
+        run_id: RunId,
+        at: Annotated[
+            str, Field(min_length=1, description="The step to branch at: '3', or 'NODE:STEP' in a child ('root.1:2').")
+        ],
+        ctx: Context,
+        code: Annotated[
+            str | None, Field(description="Python to run at that step instead of asking the model.")
+        ] = None,
+        instruction: Annotated[
+            str | None, Field(description="Added to the transcript before the model is asked at that step.")
+        ] = None,
+        max_iters: MaxIters = None,
+    ) -> ForkOutput:
+        eng = await engine()
+        with user_errors():
+            fork_id = await eng.fork(run_id, at, code=code, instruction=instruction, max_iters=max_iters)
+        result = await _to_the_end(eng, fork_id, ctx)
+        state = eng.workspace.run_state(fork_id)
+        return ForkOutput(**run_output(result).model_dump(), parent_run_id=run_id, fork_at=state.fork_at or at)
+
 
 def _request(
     question: str,
@@ -281,6 +345,7 @@ def _request(
     max_depth: int | None,
     max_llm_calls: int | None,
     max_seconds: float | None,
+    max_cost: float | None,
 ) -> RunRequest:
     with user_errors():  # RunRequest checks its own fields
         return RunRequest(
@@ -293,7 +358,24 @@ def _request(
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
+            max_cost=max_cost,
         )
+
+
+async def _to_the_end(engine: Engine, run_id: str, ctx: Context) -> RunResult:
+    """Relay a started run's progress until it finishes; if the client cancels (or goes away), stop
+    the run so it is recorded cancelled."""
+    finished = False
+    try:
+        await _follow(engine, run_id, ctx)
+        result = await engine.wait(run_id)
+        finished = True
+    finally:
+        if not finished:
+            # Shielded, or the pending cancellation would abort the cleanup itself.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
+                await engine.cancel(run_id)
+    return result
 
 
 async def _follow(engine: Engine, run_id: str, ctx: Context) -> None:

@@ -139,7 +139,8 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     from fleet_rlm.core.engine import new_id
     from fleet_rlm.core.lm import preflight
 
-    engine.validate(_probe())  # the model and sandbox settings, as a run would check them
+    engine.validate(_probe(req.limits))  # the model, sandbox and per-replay limits, as a run would check them
+    engine.check_cost_cap(req.max_cost)  # the cap over all replays adds up the same prices
     await preflight(*engine_models(engine))
     guess = estimate(engine, req, dataset["train"], dataset["holdout"])
     opt_id = new_id("o")
@@ -167,10 +168,10 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     return opt_id, guess
 
 
-def _probe() -> Any:
+def _probe(limits: dict[str, Any]) -> Any:
     from fleet_rlm.core.types import RunRequest
 
-    return RunRequest("optimization preflight")
+    return RunRequest("optimization preflight", **limits)
 
 
 def engine_models(engine: Engine) -> tuple[Any, Any]:

@@ -12,8 +12,10 @@ the request in flight and fail the sandbox (``SandboxError``) on anything else.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ ERROR_KINDS: tuple[str, ...] = ("syntax", "exception", "timeout", "memory", "unk
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Deepest nesting of lists/dicts accepted in a message (JSON recursion is a denial of service).
 MAX_DEPTH = 64
+MB = 1024 * 1024
 
 
 @dataclass
@@ -66,6 +69,49 @@ async def answer_host_call(
         return {"ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
 
 
+class HostCallBudget:
+    """Bytes of host-call messages one sandbox has on the host: a call's arguments (prompts,
+    contexts) stay in host memory until its reply is written back. Bounded per sandbox and, summed
+    over every sandbox, per process. A call past either bound is refused at once, never queued:
+    a reader waiting for room could deadlock a parent whose ``rlm_query`` waits on its child's calls."""
+
+    _lock = threading.Lock()
+    _process_held = 0  # every sandbox of this process together
+
+    def __init__(self, sandbox_mb: int, process_mb: int) -> None:
+        self.limit, self.process_limit = sandbox_mb * MB, process_mb * MB
+        self.held = 0
+
+    def take(self, size: int, name: str) -> str | None:
+        """Hold ``size`` bytes for a call to ``name``; else the refusal the sandboxed code reads."""
+        with self._lock:
+            if self.held + size > self.limit:
+                return (
+                    f"{name}() refused: {size / MB:.1f} MB of arguments, with {self.held / MB:.1f} MB of this "
+                    f"sandbox's calls still being answered, is over the {self.limit // MB} MB it may have waiting "
+                    "on the host (FLEET_HOST_CALL_MB); wait for those calls, or split the prompt into smaller pieces"
+                )
+            if HostCallBudget._process_held + size > self.process_limit:
+                return (
+                    f"{name}() refused: the host holds {HostCallBudget._process_held / MB:.1f} MB of calls from "
+                    f"all sandboxes and {size / MB:.1f} MB more is over its {self.process_limit // MB} MB limit "
+                    "(FLEET_HOST_CALL_TOTAL_MB); try again shortly, or split the prompt into smaller pieces"
+                )
+            self.held += size
+            HostCallBudget._process_held += size
+        return None
+
+    def give_when_done(self, task: asyncio.Future[Any], size: int) -> None:
+        """Free ``size`` bytes once the task answering the call ends (its arguments die with it), however
+        it ends: cancelled before it ever ran included."""
+        task.add_done_callback(lambda _: self._give(size))
+
+    def _give(self, size: int) -> None:
+        with self._lock:
+            self.held -= size
+            HostCallBudget._process_held -= size
+
+
 class SandboxError(RuntimeError):
     """Terminal failure: the worker died or broke the protocol; the REPL state is gone."""
 
@@ -82,7 +128,14 @@ class SandboxSpec:
     max_procs: int = 64
     exec_timeout: float | None = 300.0
     output_limit: int = 1_000_000
+    host_call_mb: int = 128  # host-call bytes this sandbox may have on the host at once
+    host_call_total_mb: int = 512  # ... and every sandbox of this process together
+    work_quota_mb: int = 1024  # disk use of ``work_dir`` (backends that use it)
+    work_max_files: int = 100_000
     near: Any = None  # the parent node's sandbox: a backend may place this one beside it (same machine)
+    # A replay's: its code reads the volumes as they are, and what it writes there fails instead of
+    # happening twice (docs/replay.md). Backends that cannot say so leave ``volumes_read_only`` unset.
+    read_only_volumes: bool = False
 
 
 @runtime_checkable

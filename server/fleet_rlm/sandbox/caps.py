@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet_rlm.volumes.quota import Quota, human
+
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
 
@@ -323,6 +325,23 @@ def _row(name: str, limit: str, how: str = "", why_not: str = "") -> dict[str, A
     return {"name": name, "limit": limit, "enforced": not why_not, "how": how, "why_not": why_not}
 
 
+def work_quota(quota_mb: int, max_files: int) -> Quota:
+    """The quota of a sandbox's work folder, naming the settings that raise it."""
+    return Quota(quota_mb * 1024 * 1024, max_files, "FLEET_WORK_QUOTA_MB", "FLEET_WORK_MAX_FILES")
+
+
+def _host_rows(bwrap: bool, work: Quota, host_call_mb: int, host_call_total_mb: int) -> list[dict[str, Any]]:
+    """Caps the host keeps itself: the work folder's disk use and the host-call data it holds."""
+    no_bwrap = "no bubblewrap isolation, so code can write anywhere the server can"
+    disk = f"{human(work.max_bytes)} and {work.max_files:,} entries in the work folder"
+    how = "measured after every step; what was written since the last check is removed, newest first, until under"
+    calls = f"{host_call_mb} MB of host-call data per sandbox, {host_call_total_mb} MB for all sandboxes together"
+    return [
+        _row("work_disk", disk, how, "" if bwrap else no_bwrap),
+        _row("host_calls", calls, "counted as each call is read; a call past it is refused with an error inside"),
+    ]
+
+
 def describe_caps(
     isolation: str,
     *,
@@ -330,6 +349,9 @@ def describe_caps(
     max_procs: int,
     exec_timeout: float | None,
     output_limit: int,
+    work: Quota,
+    host_call_mb: int,
+    host_call_total_mb: int,
 ) -> list[dict[str, Any]]:
     """Every cap of a local sandbox with these settings: {name, limit, enforced, how, why_not}."""
     from fleet_rlm.sandbox.local import STUCK_GRACE  # local imports this module
@@ -364,7 +386,7 @@ def describe_caps(
         rows.append(_row("step_time", f"{exec_timeout:g} s per step", how))
     else:
         rows.append(_row("step_time", "none", why_not="no exec_timeout is set"))
-    return rows
+    return rows + _host_rows(bwrap, work, host_call_mb, host_call_total_mb)
 
 
 def not_enforced(rows: list[dict[str, Any]]) -> list[str]:
@@ -388,6 +410,9 @@ def caps_check(settings: Settings, isolation: str) -> dict[str, Any]:
         max_procs=settings.max_procs,
         exec_timeout=settings.exec_timeout,
         output_limit=settings.output_chars,
+        work=work_quota(settings.work_quota_mb, settings.work_max_files),
+        host_call_mb=settings.host_call_mb,
+        host_call_total_mb=settings.host_call_total_mb,
     )
     missing = not_enforced(rows)
     detail = "; ".join(missing) if missing else "all enforced: " + ", ".join(r["name"] for r in rows)
@@ -395,6 +420,6 @@ def caps_check(settings: Settings, isolation: str) -> dict[str, Any]:
     if missing:
         check["warning"] = True  # runs still work, but hostile code is less contained
         names = {r["name"] for r in rows if not r["enforced"]}
-        fix_for = {"processes": "memory", "root_fs": "ram_fs"}
+        fix_for = {"processes": "memory", "root_fs": "ram_fs", "work_disk": "ram_fs"}
         check["fix"] = "; ".join(dict.fromkeys(_CAP_FIXES[fix_for.get(n, n)] for n in sorted(names)))
     return check

@@ -36,6 +36,7 @@ from fleet_rlm.sandbox import daytona_client as dc
 from fleet_rlm.sandbox.base import (
     Backend,
     ExecResult,
+    HostCallBudget,
     HostFunction,
     ProtocolViolation,
     SandboxError,
@@ -101,6 +102,7 @@ class DaytonaSandbox:
                 raise ValueError(f"invalid volume name {name!r}")
         self.volume_paths = {name: f"{dc.VOLUME_ROOT}/{name}" for name in spec.volumes}
         self.output_limit = spec.output_limit
+        self._host_bytes = HostCallBudget(spec.host_call_mb, spec.host_call_total_mb)  # the frames' calls
         near = spec.near if settings.daytona_children == "shared" else None
         self._near: DaytonaSandbox | None = near if isinstance(near, DaytonaSandbox) else None
         self._remote: _Remote | None = None
@@ -494,16 +496,20 @@ class DaytonaSandbox:
 
     # -- host calls ---------------------------------------------------------------------------------
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _answer(self, call_id: int, name: str, args: list[Any], kwargs: dict[str, Any], calls: set[int]) -> None:
         try:
             answer = await answer_host_call(self._functions, name, args, kwargs)
         finally:
             calls.discard(call_id)
+        await self._reply(call_id, answer)
+
+    async def _reply(self, call_id: int, answer: dict[str, Any]) -> None:
         data = json.dumps(answer, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + REPLY_END
         assert self._remote is not None
         sandbox = self._remote.sandbox

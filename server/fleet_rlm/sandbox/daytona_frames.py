@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,7 @@ class Frames:
             self._violate("a frame after the reply")
         op, execute = frame["op"], self.request["op"] == "execute"
         if op == "call":
-            self._call(frame, execute)
+            self._call(frame, execute, sys.getsizeof(line))  # what it takes on the host: wide characters count
         elif frame.get("id") != self.request["id"]:
             self._violate(f"a {op[:20]!r} frame for another request")
         elif op == "output":
@@ -98,7 +99,7 @@ class Frames:
         else:
             self._violate(f"unknown frame op {op[:40]!r}")
 
-    def _call(self, frame: dict[str, Any], execute: bool) -> None:
+    def _call(self, frame: dict[str, Any], execute: bool, size: int) -> None:
         call_id, name = frame.get("id"), frame.get("name")
         args, kwargs = frame.get("args", []), frame.get("kwargs", {})
         if not (isinstance(call_id, int) and isinstance(name, str) and isinstance(args, list)):
@@ -108,8 +109,13 @@ class Frames:
         if len(self.calls) >= MAX_HOST_CALLS:
             self._violate(f"over {MAX_HOST_CALLS} host calls at once")
         self.seen_calls.add(call_id)
+        refusal = self.box._host_bytes.take(size, name)
+        if refusal is not None:
+            self.box._spawn(self.box._reply(call_id, {"ok": False, "error": f"RuntimeError: {refusal}"}))
+            return
         self.calls.add(call_id)
-        self.box._spawn(self.box._answer(call_id, name, args, kwargs, self.calls))
+        answering = self.box._spawn(self.box._answer(call_id, name, args, kwargs, self.calls))
+        self.box._host_bytes.give_when_done(answering, size)
 
     async def settle(self) -> None:
         """Wait for replies still being uploaded (their step has ended; they are moot but harmless)."""

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,8 +28,10 @@ from typing import Any, Literal
 from fleet_rlm.sandbox.base import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
+    MB,
     Backend,
     ExecResult,
+    HostCallBudget,
     HostFunction,
     ProtocolViolation,
     SandboxError,
@@ -38,7 +41,9 @@ from fleet_rlm.sandbox.base import (
     nesting_depth,
     register_backend,
 )
-from fleet_rlm.sandbox.caps import SHM_BYTES, TMP_BYTES, SandboxCgroup
+from fleet_rlm.sandbox.caps import SHM_BYTES, TMP_BYTES, SandboxCgroup, work_quota
+from fleet_rlm.volumes.quota import trim
+from fleet_rlm.volumes.safepath import DIR_FLAGS, closing_fd, scan
 
 logger = logging.getLogger(__name__)
 __all__ = ["ExecResult", "HostFunction", "LocalSandbox", "SandboxError", "detect_isolation"]
@@ -126,6 +131,11 @@ class LocalSandbox:
         exec_timeout: float | None = 300.0,
         output_limit: int = 1_000_000,
         env: dict[str, str] | None = None,
+        host_call_mb: int = 128,
+        host_call_total_mb: int = 512,
+        work_quota_mb: int = 1024,
+        work_max_files: int = 100_000,
+        read_only_volumes: bool = False,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.volumes = {name: Path(p).resolve() for name, p in (volumes or {}).items()}
@@ -141,6 +151,7 @@ class LocalSandbox:
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', not {isolation!r}")
         self.isolation: str = isolation
         bwrap = isolation == "bwrap"
+        self.volumes_read_only = read_only_volumes and bwrap  # only bubblewrap can mount them so
         self.sandbox_work_dir = SANDBOX_WORK_DIR if bwrap else str(self.work_dir)
         self.volume_paths = {
             name: f"{SANDBOX_ROOT}/volumes/{name}" if bwrap else str(path)
@@ -154,6 +165,9 @@ class LocalSandbox:
         self._oom_kills = 0  # the group's count as last reported (a new group starts at 0)
         self.exec_timeout = exec_timeout
         self.output_limit = output_limit
+        self.work_quota = work_quota(work_quota_mb, work_max_files)
+        self._work_checked = 0.0  # when the work folder was last measured: what is newer may be trimmed
+        self._host_bytes = HostCallBudget(host_call_mb, host_call_total_mb)
         self.env = dict(env or {})
         self.bytes_sent = 0  # protocol traffic, for diagnostics
         self.bytes_received = 0
@@ -179,9 +193,16 @@ class LocalSandbox:
     def warnings(self) -> list[str]:
         from fleet_rlm.sandbox.caps import describe_caps, not_enforced
 
+        budget = self._host_bytes
         rows = describe_caps(
-            self.isolation, memory_mb=self.memory_mb, max_procs=self.max_procs,
-            exec_timeout=self.exec_timeout, output_limit=self.output_limit,
+            self.isolation,
+            memory_mb=self.memory_mb,
+            max_procs=self.max_procs,
+            exec_timeout=self.exec_timeout,
+            output_limit=self.output_limit,
+            work=self.work_quota,
+            host_call_mb=budget.limit // MB,
+            host_call_total_mb=budget.process_limit // MB,
         )
         missing = [r["name"] for r in rows if not r["enforced"]]
         if self._proc is not None and self._cgroup is None and not missing:  # cgroups exist, creation failed
@@ -222,8 +243,9 @@ class LocalSandbox:
         cmd = [shutil.which("bwrap") or "bwrap", *_BWRAP_BASE, *_system_binds()]
         cmd += ["--ro-bind", str(WORKER_SCRIPT), f"{SANDBOX_ROOT}/worker.py"]
         cmd += ["--bind", str(self.work_dir), SANDBOX_WORK_DIR]
+        bind = "--ro-bind" if self.volumes_read_only else "--bind"
         for name, path in self.volumes.items():
-            cmd += ["--bind", str(path), self.volume_paths[name]]
+            cmd += [bind, str(path), self.volume_paths[name]]
         for key, value in env.items():
             cmd += ["--setenv", key, value]
         cmd += [*_SEAL, "--chdir", SANDBOX_WORK_DIR, _python(), "-I", "-S", "-u", f"{SANDBOX_ROOT}/worker.py"]
@@ -243,6 +265,7 @@ class LocalSandbox:
             for path in self.volumes.values():  # host-owned volume folders (the engine creates them)
                 path.mkdir(parents=True, exist_ok=True)
             cmd, env, cwd = self._command()
+            self._work_checked = time.time()
             # Longest accepted protocol line: a bound on what a hostile worker can make the host buffer.
             limit = MAX_MESSAGE_BYTES + 64 * 1024
             self._cgroup = SandboxCgroup.create(self.memory_mb, self.max_procs)  # None: host has no cgroups
@@ -312,10 +335,11 @@ class LocalSandbox:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _check(self) -> None:
         if self._failure is not None:
@@ -420,7 +444,8 @@ class LocalSandbox:
             while line := await stdout.readline():
                 self.bytes_received += len(line)
                 message = await self._parse(line)
-                self._dispatch(message)
+                self._dispatch(message, len(line))
+                del line, message  # a refused call's 64 MB is not kept while the next line is awaited
         except ValueError as exc:  # StreamReader: a line over its limit
             reason = f"the sandbox worker sent a protocol message over the {MAX_MESSAGE_BYTES >> 20} MB limit ({exc})"
         except _ProtocolViolation as exc:
@@ -444,8 +469,9 @@ class LocalSandbox:
             raise _ProtocolViolation(f"a message nested deeper than {MAX_DEPTH} levels")
         return message
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        """Accept a message only where the request in flight allows it; anything else is forged."""
+    def _dispatch(self, message: dict[str, Any], size: int) -> None:
+        """Accept a message (``size`` bytes on the wire) only where the request in flight allows it;
+        anything else is forged."""
         op, msg_id = message["op"], message.get("id")
         current_op, reply = None, None  # set when the message answers the request in flight
         if self._inflight is not None and msg_id == self._inflight[0] and not self._inflight[2].done():
@@ -466,7 +492,7 @@ class LocalSandbox:
                 except Exception:
                     logger.exception("on_output callback failed")
         elif op == "call":
-            self._accept_call(message)
+            self._accept_call(message, size)
         elif op in ("done", "ok", "error"):
             if reply is None or (op == "done") != (current_op == "execute"):
                 raise _ProtocolViolation(f"a {op!r} reply to no request in flight (id {msg_id!r})")
@@ -474,7 +500,7 @@ class LocalSandbox:
         else:
             raise _ProtocolViolation(f"unknown message op {op[:40]!r}")
 
-    def _accept_call(self, message: dict[str, Any]) -> None:
+    def _accept_call(self, message: dict[str, Any], size: int) -> None:
         call_id, name = message.get("id"), message.get("name")
         args, kwargs = message.get("args", []), message.get("kwargs", {})
         if not (isinstance(call_id, int) and isinstance(name, str) and isinstance(args, list)):
@@ -486,9 +512,11 @@ class LocalSandbox:
             error = f"{name}() can only be called while a step runs (not from a thread left running after it)"
         elif len(self._calls) >= MAX_HOST_CALLS:
             error = f"too many host calls at once (limit {MAX_HOST_CALLS}); use the *_batched functions"
+        elif (refusal := self._host_bytes.take(size, name)) is not None:
+            error = refusal
         else:
             self._calls.add(call_id)
-            self._spawn(self._run_call(call_id, name, args, kwargs))
+            self._host_bytes.give_when_done(self._spawn(self._run_call(call_id, name, args, kwargs)), size)
             return
         self._spawn(self._send({"op": "result", "id": call_id, "ok": False, "error": f"RuntimeError: {error}"}))
 
@@ -551,7 +579,10 @@ class LocalSandbox:
         await self.start()
         limit = timeout if timeout is not None else self.exec_timeout
         message = {"op": "execute", "code": code, "timeout": limit, "output_limit": self.output_limit}
-        reply = await self._request(message, limit=limit, on_output=on_output)
+        try:
+            reply = await self._request(message, limit=limit, on_output=on_output)
+        finally:  # also when the worker died mid-step: what it wrote stays capped
+            over_quota = await self._enforce_work_quota()
         try:
             result = self._exec_result(reply)
         except _ProtocolViolation as exc:
@@ -564,7 +595,25 @@ class LocalSandbox:
                 f"\n[sandbox] the out-of-memory killer ended {killed} process(es) of this step: all processes "
                 f"of the sandbox together are capped at {self.memory_mb} MB\n"
             )
+        if over_quota:
+            result.stdout += f"\n[sandbox] {over_quota}\n"
         return result
+
+    async def _enforce_work_quota(self) -> str | None:
+        """Trim what was written to the work folder since the last check back under its quota (any
+        process of the sandbox may write between steps too); the message for the model, or None."""
+        since, self._work_checked = self._work_checked, time.time()
+        return await asyncio.to_thread(self._trim_work, since)
+
+    def _trim_work(self, since: float) -> str | None:
+        # The work folder's parents are host-only scratch folders no sandbox can write, so this path
+        # cannot be swapped; below it everything is walked fd-relatively, links never followed.
+        try:
+            fd = os.open(self.work_dir, DIR_FLAGS)
+        except OSError:
+            return None  # never created, or removed already
+        with closing_fd(fd):
+            return trim(fd, f"the work folder {self.sandbox_work_dir}", scan(fd), self.work_quota, since)
 
     def _exec_result(self, reply: dict[str, Any]) -> ExecResult:
         return exec_result(reply, self.output_limit)
@@ -606,6 +655,11 @@ def _local_sandbox(settings: Any, spec: SandboxSpec) -> LocalSandbox:
         max_procs=spec.max_procs,
         exec_timeout=spec.exec_timeout,
         output_limit=spec.output_limit,
+        host_call_mb=spec.host_call_mb,
+        host_call_total_mb=spec.host_call_total_mb,
+        work_quota_mb=spec.work_quota_mb,
+        work_max_files=spec.work_max_files,
+        read_only_volumes=spec.read_only_volumes,
     )
 
 

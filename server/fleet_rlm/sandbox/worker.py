@@ -334,6 +334,7 @@ class Worker:
             reply.update(error="".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n"))
             reply.update(error_kind="syntax", stdout="", duration=time.monotonic() - start)
             return reply
+        _seed_random(code)
         source = code.splitlines()
         for compiled in (body, last):
             if compiled is not None:
@@ -446,6 +447,16 @@ class Worker:
         writer.join(timeout=5)
         # Skip interpreter teardown: it would wait for any non-daemon threads user code left running.
         os._exit(0)
+
+
+def _seed_random(code: str) -> None:
+    """Seed Python's ``random`` from the step's code before it runs, so a replay of the step draws what
+    the recorded run drew (docs/replay.md); code that never touches ``random`` pays nothing."""
+    module = sys.modules.get("random")
+    if module is None and "random" in code:
+        import random as module
+    if module is not None:
+        module.seed(code)
 
 
 def _truncate(text: str, limit: int) -> str:

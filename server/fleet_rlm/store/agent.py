@@ -1,12 +1,14 @@
 """The workspace agent's tables: conversations, turns, messages, approvals with their audit log, the runs
-and uploads of a conversation, and the workflows' checkpoints (schema: ``store/db.py``, migration 6).
+and uploads of a conversation, and the workflows' checkpoints (schema: ``store/db.py``, migrations 6 and 7).
 
 A mixin of ``Store``: every write runs on the store's one writer thread (``self._writer.run``), reads use
 its read connection (``self._read``). Decisions that must happen once are single conditional UPDATEs in
 one transaction (an approval is decided once, a paused turn is resumed by one process, an approved call
 runs once), so two faces, or two processes, answering the same approval cannot both win. Free text a
-person or a model wrote is masked by ``redact`` on the way in; checkpoints are the framework's encoded
-state and are deleted when their turn ends.
+person or a model wrote is masked by ``redact`` on the way in, except an approval's summary and arguments:
+a person must see those exactly, so only configured secret values are masked there (``redact_known``); a
+call holding one is recorded ``blocked`` (``agent.approvals``), and a blocked approval is never approved.
+Checkpoints are the framework's encoded state and are deleted when their turn ends.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.redaction import redact
+from fleet_rlm.redaction import redact, redact_known
 from fleet_rlm.store.rows import dumps, record
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ _APPROVAL = (
     "tool",
     "arguments_json",
     "summary",
+    "blocked",
     "status",
     "decided_by",
     "reason",
@@ -255,8 +258,9 @@ class AgentTables:
         for approval in approvals:
             rec = {
                 **approval,
-                "summary": redact(approval["summary"]),
-                "arguments": redact(approval["arguments"]),
+                "summary": redact_known(approval["summary"]),
+                "arguments": redact_known(approval["arguments"]),
+                "blocked": approval.get("blocked"),
                 "reason": redact(approval.get("reason")),
                 "always": bool(approval.get("always")),
                 "executed_at": None,
@@ -268,7 +272,8 @@ class AgentTables:
                 values = [dumps(rec[c[:-5]]) if c.endswith("_json") else rec.get(c) for c in _APPROVAL]
                 values[_APPROVAL.index("always")] = int(rec["always"])
                 tx.conn.execute(
-                    f"INSERT INTO agent_approvals ({', '.join(_APPROVAL)}) VALUES ({', '.join('?' * 15)})", values
+                    f"INSERT INTO agent_approvals ({', '.join(_APPROVAL)}) VALUES ({', '.join('?' * len(_APPROVAL))})",
+                    values,
                 )
                 _audit(tx, rec, "requested", "agent", None, rec["created_at"])
                 if rec["status"] == "approved":
@@ -300,7 +305,7 @@ class AgentTables:
         """Decide a pending approval once, with its audit entry; "always" also grants the tool for the
         conversation. Returns the approval and whether the caller now owns resuming its turn (no other
         approval of the turn is pending, and the paused turn was claimed for this process).
-        DecisionRefused when it is unknown, decided already, or expired."""
+        DecisionRefused when it is unknown, decided already, or expired, or asked to approve a blocked one."""
         now = time.time()
 
         def decide(tx: Tx) -> tuple[dict[str, Any], bool]:
@@ -312,6 +317,8 @@ class AgentTables:
                 raise DecisionRefused(f"approval '{approval_id}' expired before it was answered")
             if approval["status"] != "pending":
                 raise DecisionRefused(f"approval '{approval_id}' is {approval['status']} already")
+            if approve and approval["blocked"]:
+                raise DecisionRefused(f"approval '{approval_id}' cannot be approved ({approval['blocked']}): reject it")
             status = "approved" if approve else "rejected"
             tx.conn.execute(
                 "UPDATE agent_approvals SET status = ?, decided_by = ?, reason = ?, always = ?, decided_at = ?"

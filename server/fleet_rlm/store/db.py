@@ -309,9 +309,35 @@ CREATE TABLE agent_checkpoints (
 CREATE INDEX agent_checkpoints_workflow ON agent_checkpoints (workflow_name, created_at)
 """
 
+# Why an approval cannot be approved (its card cannot show the call exactly); NULL: it can.
+_V7 = "ALTER TABLE agent_approvals ADD COLUMN blocked TEXT"
+
+# Replay and fork (``core/tape.py``, ``store/records.py``, docs/replay.md). A run's record: every model
+# reply and host-call result under its position in the run (``slot``), with the hash of the request it
+# answered; bodies are kept once per content (a replay's replies and repeated replies add no bytes).
+# ``runs.fork_at``: the step a fork branched from its parent run at ("root:3", "root.1:2").
+_V8 = """
+CREATE TABLE run_records (
+    run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    n INTEGER NOT NULL,
+    slot TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    request_chars INTEGER NOT NULL,
+    body_hash TEXT NOT NULL,
+    usage_json TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, n)
+) WITHOUT ROWID;
+CREATE INDEX run_records_body ON run_records (body_hash);
+CREATE TABLE record_bodies (
+    hash TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+) WITHOUT ROWID;
+ALTER TABLE runs ADD COLUMN fork_at TEXT
+"""
+
 # Append-only. Index i upgrades schema version i -> i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    _sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5), _sql(_V6),
+    _sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5), _sql(_V6), _sql(_V7), _sql(_V8),
 ]  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -42,6 +42,7 @@ from fleet_rlm.redaction import redact
 from fleet_rlm.store.agent import AgentTables
 from fleet_rlm.store.db import connect
 from fleet_rlm.store.optimize import OptimizeTables
+from fleet_rlm.store.records import RecordTables
 from fleet_rlm.store.rows import dumps
 from fleet_rlm.store.writer import Tx, Writer
 
@@ -72,7 +73,9 @@ class RunRecord:
     owner_host: str | None = None
     owner_start: str | None = None  # see process_start(); set by create_run for this process's runs
     kind: str = "run"  # run | eval (an optimization's replay of a dataset row) | optimize (see store/db.py _V5)
+    # | replay (a rerun answered from its parent run's record: core/tape.py)
     program_version: str | None = None  # the program version that answered (None: the built-in program)
+    fork_at: str | None = None  # a fork: the step ("root:3") it branched from its parent run at
 
 
 @dataclass
@@ -184,9 +187,10 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
     return SessionRecord(sid, name, created_at, last_used_at, closed_at, json.loads(meta_json or "{}"))
 
 
-class Store(OptimizeTables, AgentTables):
+class Store(OptimizeTables, AgentTables, RecordTables):
     """Runs, events and sessions in one SQLite file (datasets and program versions: ``OptimizeTables``;
-    the workspace agent's conversations and approvals: ``AgentTables``)."""
+    the workspace agent's conversations and approvals: ``AgentTables``; what runs' calls returned, for
+    replay and fork: ``RecordTables``)."""
 
     def __init__(self, path: Path, *, alive: Callable[[int, str | None], bool] = owner_alive) -> None:
         """``alive(pid, start)`` says whether a run's owner still runs (tests pass their own)."""
@@ -579,6 +583,7 @@ class Store(OptimizeTables, AgentTables):
                     if still is None:
                         tx.conn.execute("DELETE FROM uploads WHERE id = ?", (upload_id,))
                         orphans.append(upload_id)
+            self._drop_unused_bodies(tx)
             return orphans
 
         return self._writer.run(purge)

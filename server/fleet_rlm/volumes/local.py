@@ -45,6 +45,10 @@ DURABLE_ROOTS = ("memory", "artifacts", "buffers", "meta")
 DEFAULT_QUOTA_MB = 1024
 DEFAULT_MAX_FILES = 100_000
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_NAME_BYTES = 255  # NAME_MAX of Linux and macOS file systems: a longer name fails with ENAMETOOLONG
+# Below PATH_MAX (4,096), leaving room for the folder the volume is mounted at: the sandbox, and Daytona's
+# file API, open a volume's files by absolute path.
+MAX_PATH_BYTES = 3072
 _REF = re.compile(r"(?:vol:(?://)?|volume://)([^/]+)(?:/(.*))?", re.DOTALL)
 
 __all__ = ["DURABLE_ROOTS", "LocalVolumes", "VolumeError", "parse_volume_ref", "volume_uri"]
@@ -75,6 +79,27 @@ def _entry(found: Found) -> dict[str, Any]:
 
 def _where(name: str) -> str:
     return f"in volume {name!r}"
+
+
+def _shown(text: str, chars: int = 40) -> str:
+    return text if len(text) <= chars else text[: chars - 1] + "…"
+
+
+def _check_length(parts: list[str]) -> None:
+    """Refuse what the file system would (ENAMETOOLONG) before anything is opened, naming both limits."""
+    for part in parts:
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise _too_long(f"the name {_shown(part)!r}", len(os.fsencode(part)))
+    size = len(os.fsencode("/".join(parts)))
+    if size > MAX_PATH_BYTES:
+        raise _too_long("the path", size)
+
+
+def _too_long(what: str, size: int) -> VolumeError:
+    return VolumeError(
+        f"{what} is {size:,} bytes, too long for a volume ({MAX_NAME_BYTES} bytes per name,"
+        f" {MAX_PATH_BYTES:,} bytes per path): use a shorter one"
+    )
 
 
 class LocalVolumes:
@@ -110,6 +135,7 @@ class LocalVolumes:
         parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
         if ".." in parts:
             raise VolumeError(f"path {path!r} escapes volume {name!r}")
+        _check_length(parts)
         return parts
 
     @classmethod
@@ -238,7 +264,7 @@ class LocalVolumes:
         except VolumeError:
             return None
         with closing_fd(vol):
-            return trim(vol, name, self._contents(vol), self.quota, since)
+            return trim(vol, f"volume {name}", self._contents(vol), self.quota, since)
 
     # -- files ----------------------------------------------------------------------------------
 
@@ -325,7 +351,7 @@ class LocalVolumes:
         if not after.within(self.quota):
             raise VolumeError(
                 f"writing {human(size)} to {'/'.join(parts)!r} refused: "
-                + over_message(name, after, self.quota, verb="would be")
+                + over_message(f"volume {name}", after, self.quota, verb="would be")
                 + ". Delete files from the volume or raise the limit."
             )
 

@@ -1,4 +1,5 @@
-"""Volume quotas: bytes and entries per volume, measured after each sandbox step.
+"""Volume quotas: bytes and entries per volume, measured after each sandbox step (the local
+sandbox caps its work folder the same way).
 
 The host has no per-folder kernel quotas and loop-mounted images need root, so the mechanism is
 measure-and-trim: after every step the host measures each mounted volume fd-relatively (links
@@ -30,6 +31,8 @@ SHOWN = 5  # removed entries named in the message
 class Quota:
     max_bytes: int
     max_files: int
+    bytes_setting: str = "FLEET_VOLUME_QUOTA_MB"  # what raises each limit, named in messages
+    files_setting: str = "FLEET_VOLUME_MAX_FILES"
 
 
 @dataclass(frozen=True)
@@ -52,22 +55,22 @@ def human(n: int) -> str:
     return f"{n} bytes"
 
 
-def over_message(name: str, used: Usage, quota: Quota, verb: str = "is") -> str:
-    """What is over, and the setting that raises it."""
+def over_message(subject: str, used: Usage, quota: Quota, verb: str = "is") -> str:
+    """What is over (``subject``: "volume notes", "the work folder ..."), and the setting that raises it."""
     parts = []
     if used.bytes > quota.max_bytes:
-        parts.append(f"{human(used.bytes)} of its {human(quota.max_bytes)} quota (FLEET_VOLUME_QUOTA_MB)")
+        parts.append(f"{human(used.bytes)} of its {human(quota.max_bytes)} quota ({quota.bytes_setting})")
     if used.files > quota.max_files:
-        parts.append(f"{used.files:,} entries of its {quota.max_files:,} limit (FLEET_VOLUME_MAX_FILES)")
-    return f"volume {name} {verb} over quota: " + " and ".join(parts)
+        parts.append(f"{used.files:,} entries of its {quota.max_files:,} limit ({quota.files_setting})")
+    return f"{subject} {verb} over quota: " + " and ".join(parts)
 
 
-def trim(vol_fd: int, name: str, entries: list[Found], quota: Quota, since: float) -> str | None:
-    """Remove what was written at or after ``since`` until the volume is under ``quota``.
+def trim(folder_fd: int, subject: str, entries: list[Found], quota: Quota, since: float) -> str | None:
+    """Remove what was written at or after ``since`` until the folder is under ``quota``.
 
-    ``entries`` is a fresh ``scan`` of the volume without its fixed top folders. Returns the
-    message for the model, or None when the volume is within its quota or nothing recent is there
-    to remove (older excess is reported by ``volumes ls`` and refused on host writes).
+    ``entries`` is a fresh ``scan`` of the folder (a volume without its fixed top folders). Returns
+    the message for the model, or None when the folder is within its quota or nothing recent is
+    there to remove (a volume's older excess is reported by ``volumes ls`` and refused on host writes).
     """
     used = measure(entries)
     if used.within(quota):
@@ -75,7 +78,7 @@ def trim(vol_fd: int, name: str, entries: list[Found], quota: Quota, since: floa
     recent = [e for e in entries if e.ctime >= since - CLOCK_SLACK]
     if not recent:
         return None
-    message = over_message(name, used, quota)
+    message = over_message(subject, used, quota)
     # Files (and links, pipes...) newest first; then folders, deepest first, which rmdir only
     # removes when empty, so a folder holding older data is never taken with them.
     files = sorted((e for e in recent if not e.is_dir), key=lambda e: e.ctime, reverse=True)
@@ -84,7 +87,7 @@ def trim(vol_fd: int, name: str, entries: list[Found], quota: Quota, since: floa
     for entry in [*files, *folders]:
         if used.within(quota):
             break
-        if _remove(vol_fd, entry):
+        if _remove(folder_fd, entry):
             removed.append(entry)
             used = Usage(used.files - 1, used.bytes - (entry.size if entry.is_file else 0))
     shown = ", ".join(f"{e.rel} ({human(e.size) if e.is_file else kind(e.mode)})" for e in removed[:SHOWN])
@@ -92,17 +95,17 @@ def trim(vol_fd: int, name: str, entries: list[Found], quota: Quota, since: floa
     message += f"; removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} written in this step"
     message += f", newest first: {shown}{more}" if removed else ""
     if used.within(quota):
-        return message + ". Free space in the volume or raise the limit before writing more."
+        return message + f". Free space in {subject} or raise the limit before writing more."
     return message + (
         f". Still over ({human(used.bytes)}, {used.files:,} entries): older data is never removed "
-        "automatically; delete files from the volume or raise the limit."
+        f"automatically; delete files from {subject} or raise the limit."
     )
 
 
-def _remove(vol_fd: int, entry: Found) -> bool:
+def _remove(folder_fd: int, entry: Found) -> bool:
     """unlink/rmdir relative to the parent's fd; False if it changed meanwhile or is not empty."""
     try:
-        parent = open_dir(vol_fd, list(entry.parts[:-1]), "")
+        parent = open_dir(folder_fd, list(entry.parts[:-1]), "")
     except VolumeError:
         return False  # a folder on the way became a link or vanished: leave it
     with closing_fd(parent), contextlib.suppress(OSError):

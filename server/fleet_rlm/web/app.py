@@ -2,7 +2,7 @@
 the static UI and the MCP endpoint at ``/mcp`` (the MCP face's own HTTP app, on the same Engine).
 
 Request path, outside in: security headers, Host/Origin check (``web.security``), token or
-session cookie (``fleet_rlm.http_auth.Guard``, the module ``fleet-mcp --transport http`` uses),
+browser session id (``fleet_rlm.http_auth.Guard``, the module ``fleet-mcp --transport http`` uses),
 then the routes. Errors become JSON in one place (``web.errors``).
 """
 
@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from fleet_rlm.http_auth import Guard, check_bind
+from fleet_rlm.http_auth import BrowserSessions, Guard, check_bind
 from fleet_rlm.web import errors, optimize, routes_agent, runs, settings, static, system, volumes
 from fleet_rlm.web.api import Endpoint, to_route
 from fleet_rlm.web.openapi import document
@@ -70,8 +70,8 @@ def create_app(
 
     * ``engine``: share a running Engine (its owner opens and closes it); None: the app opens one
       in the background at startup (``/health`` answers meanwhile) and closes it at shutdown.
-    * ``token``: required on every request but ``/health``, the cookie exchange and the static
-      UI, as a bearer token or through the session cookie; None only for tests and ``--no-auth``.
+    * ``token``: required on every request but ``/health``, the session exchange and the static
+      UI, as the bearer or traded for a browser session id; None only for tests and ``--no-auth``.
     * ``host``/``port``: where it listens, for the Host checks; ``port`` None accepts any port.
       A non-loopback ``host`` needs ``token`` and ``allow_remote`` (``BindError`` otherwise).
     * ``ui_dir``: the UI folder (default: packaged, else the checkout's ``webui/``).
@@ -95,7 +95,7 @@ def create_app(
         middleware=[
             Middleware(SecurityHeaders),
             Middleware(HostCheck, host=host, port=port),
-            Middleware(Guard, token=token, cookies=True, is_open=_open_path),
+            Middleware(Guard, token=token, sessions=BrowserSessions(), is_open=_open_path),
         ],
         exception_handlers=errors.HANDLERS,  # type: ignore[arg-type]
         lifespan=state.lifespan,

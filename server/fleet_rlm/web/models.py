@@ -4,11 +4,12 @@ core (``fleet_rlm.core.views`` holds runs, traces and volumes). Their JSON Schem
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_rlm.core import views
+from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.core.types import RunStatus
 
 ID = Field(min_length=1, max_length=200)
@@ -44,17 +45,30 @@ class RunStart(Strict):
     upload_ids: list[str] = Field(default_factory=list, description="Files sent before with POST /api/uploads.")
     session_id: str | None = Field(None, max_length=64, description="Continue in this session's REPL.")
     volume: str | None = Field(None, max_length=64, description="Mount only this volume (created if new).")
-    max_iters: int | None = Field(None, ge=1, le=1000)
-    max_depth: int | None = Field(None, ge=0, le=10)
-    max_llm_calls: int | None = Field(None, ge=1, le=100_000)
-    max_seconds: float | None = Field(None, gt=0, le=86_400)
-    max_cost: float | None = Field(None, gt=0, le=10_000)
+    # The schema advertises each limit's declared bounds; RunRequest checks them (400 with the message every
+    # face gives), not pydantic.
+    max_iters: Annotated[int | None, MAX_ITERS] = None
+    max_depth: Annotated[int | None, MAX_DEPTH] = None
+    max_llm_calls: Annotated[int | None, MAX_LLM_CALLS] = None
+    max_seconds: Annotated[float | None, MAX_SECONDS] = None
+    max_cost: Annotated[float | None, MAX_COST] = None
     include_hidden: bool = False
 
 
 class RunStarted(BaseModel):
     run_id: str
     status: RunStatus
+
+
+class ForkStart(Strict):
+    """A fork of a finished run (docs/replay.md): its steps before ``at`` come from its record."""
+
+    at: str = Field(min_length=1, max_length=200, description="The step to branch at: 3, or NODE:STEP (root.1:2).")
+    code: str | None = Field(None, max_length=1_000_000, description="Python to run at that step, asking no model.")
+    instruction: str | None = Field(
+        None, max_length=20_000, description="Added to the transcript before the model is asked at that step."
+    )
+    max_iters: int | None = Field(None, ge=1, le=1000, description="Steps per node (default: the run's).")
 
 
 class CancelResult(BaseModel):
@@ -169,6 +183,12 @@ class Setting(BaseModel):
     secret: bool
     set: bool
     overridden_by_env: bool = Field(description="A saved value exists but the environment variable wins.")
+    withheld: str | None = Field(
+        None, description="A model key that is not sent, because it is for another endpoint than its model's: why."
+    )
+    restart_only: str | None = Field(
+        None, description="Set only from the environment or the CLI, then restart (a running server refuses it): why."
+    )
     description: str
 
 

@@ -1,6 +1,6 @@
 """``/openapi.json``: the OpenAPI 3.1 document of the API, built from the same route table that
 builds the routes (``web.api.Endpoint``), plus the routes served around it (``/health``, the
-cookie exchange, ``/mcp``)."""
+browser session exchange, ``/mcp``)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,27 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from fleet_rlm import __version__
+from fleet_rlm.http_auth import SESSION_IDLE_SECONDS
 from fleet_rlm.web.api import Endpoint
 from fleet_rlm.web.models import Error, Health
 
 REF = "#/components/schemas/{model}"
+IDLE_HOURS = SESSION_IDLE_SECONDS // 3600
 ERROR_TEXT = {
     400: "The request is wrong; the message says how to fix it.",
-    401: "Missing or wrong token (send the bearer token, or sign in for the cookie).",
+    401: "Missing or wrong token (send the bearer token or a browser session id).",
     404: "Not found.",
     409: "Clashes with the current state.",
     413: "Too large (upload_max_mb).",
     503: "The runtime is not available.",
 }
 AUTH_BODY = {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}
+SESSION = {
+    "type": "object",
+    "properties": {"session": {"type": ["string", "null"], "description": "Send as `Authorization: Bearer`; "
+                               "null when the server runs without authentication."}},
+    "required": ["session"],
+}  # fmt: skip
 
 
 def _error_responses(codes: tuple[int, ...]) -> dict[str, Any]:
@@ -98,15 +106,15 @@ def document(endpoints: tuple[Endpoint, ...], *, mcp: bool) -> dict[str, Any]:
     }}  # fmt: skip
     paths["/api/auth"] = {
         "post": {
-            "summary": "Trade the token for the session cookie (HttpOnly, SameSite=Strict)",
+            "summary": f"Trade the token for a browser session id (no cookie; ends after {IDLE_HOURS} idle hours)",
             "operationId": "post_auth", "tags": ["auth"], "security": [],
             "requestBody": {"required": True, "content": {"application/json": {"schema": AUTH_BODY}}},
-            "responses": {"204": {"description": "Signed in: Set-Cookie fleet_session."},
+            "responses": {"200": {"description": "Signed in.", "content": {"application/json": {"schema": SESSION}}},
                           **_error_responses((400, 401))},
         },
         "delete": {
-            "summary": "Sign out (clears the cookie)", "operationId": "delete_auth", "tags": ["auth"], "security": [],
-            "responses": {"204": {"description": "Signed out."}},
+            "summary": "Sign out: revokes the session id sent as the bearer", "operationId": "delete_auth",
+            "tags": ["auth"], "security": [], "responses": {"204": {"description": "Signed out."}},
         },
     }  # fmt: skip
     if mcp:
@@ -126,10 +134,9 @@ def document(endpoints: tuple[Endpoint, ...], *, mcp: bool) -> dict[str, Any]:
         "components": {
             "schemas": defs.get("$defs", {}),
             "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "The token `fleet web` printed."},
-                "cookie": {"type": "apiKey", "in": "cookie", "name": "fleet_session",
-                           "description": "Set by POST /api/auth."},
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "The token `fleet web` printed, or a session id from POST /api/auth."},
             },
         },
-        "security": [{"bearer": []}, {"cookie": []}],
+        "security": [{"bearer": []}],
     }  # fmt: skip

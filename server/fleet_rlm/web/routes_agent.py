@@ -18,6 +18,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from fleet_rlm.agent import AgentHost, Feed
 from fleet_rlm.agent import views as v
+from fleet_rlm.agent.approvals import YesNo
 from fleet_rlm.web.api import Call, Routes
 from fleet_rlm.web.models import MAX_OFFSET, Strict
 from fleet_rlm.web.sse import SEND_TIMEOUT
@@ -41,9 +42,9 @@ class TurnIn(Strict):
 
 
 class Decision(Strict):
-    approve: bool
+    approve: YesNo = Field(description="true or false (or exactly yes or no); nothing else is taken for yes.")
     reason: str | None = Field(None, max_length=2000, description="Why; the agent reads it.")
-    always: bool = Field(False, description="Also allow this tool without asking for the rest of the conversation.")
+    always: YesNo = Field(False, description="Also allow this tool without asking for the rest of the conversation.")
 
 
 class ApprovalsQuery(BaseModel):

@@ -13,6 +13,7 @@ from starlette.types import Message, Receive
 
 from fleet_rlm.core import housekeeping, uploads, views
 from fleet_rlm.core.errors import NotFound, UserError
+from fleet_rlm.core.rerun import ReplayReport
 from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest
 from fleet_rlm.web import models as m
 from fleet_rlm.web.api import Call, Routes
@@ -60,6 +61,29 @@ async def get_run(call: Call) -> views.RunState:
 async def delete_run(call: Call) -> None:
     engine = call.engine
     await asyncio.to_thread(housekeeping.delete_run, engine.workspace.store, engine.settings, call.path["run_id"])
+
+
+@routes.add("POST", "/api/runs/{run_id}/replay", "Replay a finished run from its record (no model calls)",
+            response=m.RunStarted, status=202, errors=(400, 404, 409))  # fmt: skip
+async def replay_run(call: Call) -> m.RunStarted:
+    return m.RunStarted(run_id=await call.engine.replay(call.path["run_id"]), status="queued")
+
+
+@routes.add("GET", "/api/runs/{run_id}/replay", "How a replay compares with the run it replays",
+            response=ReplayReport)  # fmt: skip
+async def replay_report(call: Call) -> ReplayReport:
+    return call.engine.workspace.replay_report(call.path["run_id"])
+
+
+@routes.add("POST", "/api/runs/{run_id}/fork", "Fork a finished run at a step: earlier steps from its record, "
+            "then live", body=m.ForkStart, response=m.RunStarted, status=202, errors=(400, 404, 409))  # fmt: skip
+async def fork_run(call: Call) -> m.RunStarted:
+    body: m.ForkStart = call.body
+    await call.state.refresh_settings()  # saved settings apply to its live steps
+    fork_id = await call.engine.fork(
+        call.path["run_id"], body.at, code=body.code, instruction=body.instruction, max_iters=body.max_iters
+    )
+    return m.RunStarted(run_id=fork_id, status="queued")
 
 
 @routes.add("POST", "/api/runs/{run_id}/cancel", "Stop a run of this server", response=m.CancelResult)

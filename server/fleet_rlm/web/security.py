@@ -6,7 +6,7 @@
   so no other site drives the API from a visitor's browser.
 * ``SecurityHeaders``: a strict Content-Security-Policy (no inline script, nothing from elsewhere),
   no MIME sniffing, no referrer, no framing.
-Authentication (token, cookie) is ``fleet_rlm.http_auth.Guard``.
+Authentication (token, browser session id) is ``fleet_rlm.http_auth.Guard``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``fleet web``: serve the app on uvicorn, print the sign-in address, open the browser.
 
 Like Jupyter, the address carries the token in its fragment (``/#token=...``: a fragment never
-reaches the server's logs or the Referer); the page trades it for the session cookie. The token is
+reaches the server's logs or the Referer); the page trades it for a browser session id. The token is
 ``FLEET_MCP_TOKEN`` or the keyring's ``mcp_token`` when set (so MCP client configurations survive
 restarts), else random for this launch. Nothing heavy is imported before the socket listens, so
 ``/health`` answers within a fraction of a second; the runtime loads in the background.

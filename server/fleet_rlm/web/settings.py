@@ -25,7 +25,7 @@ async def get_settings(_call: Call) -> m.SettingList:
 @routes.add("PUT", "/api/settings", "Save settings (secrets to the OS keyring); they apply to the next run",
             body_kind="object", response=m.SettingList)  # fmt: skip
 async def put_settings(call: Call) -> m.SettingList:
-    await asyncio.to_thread(cfg.save_settings, call.body)
+    await asyncio.to_thread(cfg.save_settings, call.body, running=True)
     await call.state.refresh_settings()
     return await asyncio.to_thread(_listing)
 

@@ -4,7 +4,7 @@
 // here, in the terminal or over MCP, even across a server restart. Every text comes from a model or
 // a person, so it only ever goes in through text nodes (dom.js `h`).
 
-import { ApiError, api, upload } from "../api.js";
+import { api, readEvents, request, upload } from "../api.js";
 import { errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
 
 // Survives leaving the page: the conversation is shown again on return.
@@ -12,37 +12,15 @@ const state = { conversationId: null };
 
 /** POST JSON and read the answer as Server-Sent Events; calls onEvent(event) per frame. */
 async function streamPost(path, json, onEvent) {
-  let resp;
-  try {
-    resp = await fetch(path, {
-      method: "POST", credentials: "same-origin", body: JSON.stringify(json),
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-    });
-  } catch {
-    throw new ApiError(0, "network", "The fleet web server is not reachable: is `fleet web` still running?");
-  }
-  if (!resp.ok) {
-    let message = `${resp.status} ${resp.statusText}`;
-    try { message = (await resp.json()).message || message; } catch { /* not JSON */ }
-    throw new ApiError(resp.status, "http", message);
-  }
-  const reader = resp.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const frame = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const data = frame.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).replace(/^ /, ""));
-      if (data.length) {
-        try { onEvent(JSON.parse(data.join("\n"))); } catch { /* a keep-alive or a broken frame */ }
-      }
-    }
-  }
+  const resp = await request(path, {
+    method: "POST", body: JSON.stringify(json),
+    headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+  });
+  await readEvents(resp.body, (frame) => {
+    let event;
+    try { event = JSON.parse(frame.data); } catch { return; } // a frame without an event
+    onEvent(event);
+  });
 }
 
 function pretty(value) {
@@ -74,19 +52,23 @@ function toolCard(call) {
   };
 }
 
-/** An approval card; answering it streams the resumed turn into the log. */
+/** An approval card; answering it streams the resumed turn into the log. A blocked call (its summary
+ *  cannot show it exactly) offers Reject only, as the server refuses to approve it. */
 function approvalCard(approval, onAnswer) {
   const reason = h("input", { type: "text", maxlength: "2000", placeholder: "Why (the agent reads it)" });
-  const buttons = [
+  const approveButtons = approval.blocked ? [] : [
     h("button", { type: "button", class: "small", onclick: () => onAnswer(approval, true, false, reason.value) }, "Approve"),
     h("button", { type: "button", class: "secondary small", onclick: () => onAnswer(approval, true, true, reason.value) },
       "Always in this conversation"),
+  ];
+  const buttons = [...approveButtons,
     h("button", { type: "button", class: "danger small", onclick: () => onAnswer(approval, false, false, reason.value) }, "Reject"),
   ];
   const expires = new Date(approval.expires_at * 1000).toLocaleString();
   return h("div", { class: "approval-card card", role: "group", "aria-label": `Approval for ${approval.tool}`,
     dataset: { approval: approval.id } },
-    h("p", {}, h("strong", {}, "The agent asks to: "), approval.summary),
+    h("p", { class: "approval-summary" }, h("strong", {}, "The agent asks to: "), approval.summary),
+    approval.blocked ? h("p", { class: "warning" }, `It cannot be approved: ${approval.blocked}.`) : null,
     h("p", { class: "muted small" }, `Tool ${approval.tool} · waits until ${expires}`),
     field("Reason", reason).row, h("div", { class: "actions" }, buttons));
 }

@@ -1,8 +1,10 @@
 // Run inspector (#/runs/ID): status, answer, the trace tree and the timeline (live while the run
-// goes, wherever it was started), tokens and cost per model, export, feedback, delete.
+// goes, wherever it was started), tokens and cost per model, export, feedback, delete; its lineage
+// (a fork's or replay's source), Replay, and "Fork from here" on every step.
 
 import { api, followRun } from "../api.js";
-import { badge, confirmDialog, errorBox, field, fmtInt, fmtSeconds, fmtTime, h, replace, toast } from "../dom.js";
+import { badge, confirmDialog, downloadLink, errorBox, field, fmtInt, fmtSeconds, fmtTime, h, replace, toast } from "../dom.js";
+import { lineageLine, openForkEditor, replayButton } from "../fork.js";
 import { renderTimeline } from "../timeline.js";
 import { TraceModel, TraceTree, answerBlock, usageTable } from "../trace.js";
 
@@ -79,7 +81,9 @@ export function renderInspector(main, { id }) {
   const timelineBox = h("div", { class: "timeline-box" });
   const connection = h("span", { class: "muted small" });
   const model = new TraceModel();
-  const tree = new TraceTree(treeBox, model);
+  const tree = new TraceTree(treeBox, model, { onFork: (node, step, code) => openForkEditor(id, node, step, code) });
+  const lineage = h("div", {});
+  const replay = replayButton(id, (err) => toast(err.message, "error"));
   let timelineVisible = false;
   let pending = null;
   const drawTimeline = () => {
@@ -110,6 +114,8 @@ export function renderInspector(main, { id }) {
     const active = s.status === "running" || s.status === "queued";
     replace(statusSlot, badge(s.status));
     stop.hidden = !active;
+    replay.hidden = active || s.kind === "replay";
+    replace(lineage, lineageLine(s));
     clearTimeout(poll);
     if (active) poll = setTimeout(refresh, 3000); // counters and time move while it runs
     const tokens = ((s.usage.total || {}).prompt_tokens || 0) + ((s.usage.total || {}).completion_tokens || 0);
@@ -133,10 +139,10 @@ export function renderInspector(main, { id }) {
   });
   const heading = h("h1", { class: "run-question" }, "Run");
   replace(main, heading,
-    h("div", { class: "run-head" }, statusSlot, stop, connection,
-      h("a", { class: "button secondary small", href: `/api/runs/${rid}/export`, download: `${id}.ndjson` }, "Export"),
+    h("div", { class: "run-head" }, statusSlot, stop, replay, connection,
+      downloadLink(`/api/runs/${rid}/export`, `${id}.ndjson`, "Export", { class: "button secondary small" }),
       del, h("a", { href: "#/runs" }, "All runs")),
-    meta, answer, view,
+    lineage, meta, answer, view,
     h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Tokens and cost"), usage),
     feedbackForm(id));
 

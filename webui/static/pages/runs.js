@@ -16,6 +16,8 @@ function row(run) {
   return h("tr", { dataset: { run: run.run_id } },
     h("td", {}, badge(run.status)),
     h("td", { class: "q-cell" }, h("a", { href }, run.question || "(no question)"),
+      run.parent_run_id ? h("div", { class: "muted small lineage" },
+        `forked from ${run.parent_run_id} at step ${(run.fork_at || "").split(":").pop()}`) : null,
       run.answer_preview ? h("div", { class: "muted small preview-line" }, run.answer_preview) : null),
     h("td", { class: "nowrap" }, fmtTime(run.created_at)),
     h("td", { class: "nowrap" }, fmtSeconds(run.seconds)));

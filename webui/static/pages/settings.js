@@ -6,8 +6,9 @@ import { api } from "../api.js";
 import { errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
 
 const GROUPS = [
-  ["Root model", ["lm_model", "lm_api_base", "lm_api_key"]],
-  ["Sub model (llm_query)", ["sub_lm_model", "sub_lm_api_base", "sub_lm_api_key"]],
+  ["Root model", ["lm_model", "lm_api_base", "lm_api_key", "lm_price_per_mtok_in", "lm_price_per_mtok_out"]],
+  ["Sub model (llm_query)", ["sub_lm_model", "sub_lm_api_base", "sub_lm_api_key", "sub_lm_price_per_mtok_in",
+    "sub_lm_price_per_mtok_out"]],
   ["Sandbox", ["sandbox", "daytona_api_key", "daytona_api_url", "daytona_target"]],
 ];
 
@@ -37,8 +38,10 @@ function settingField(s, save) {
     if (input.tagName === "INPUT") input.placeholder = "default";
     input.dataset.initial = input.value;
   }
+  if (s.restart_only) input.disabled = true;  // the server refuses it: say how instead
   const label = s.secret ? `${s.name} (stored in the keyring)` : s.name;
-  const { row } = field(label, input, `${s.description || ""} ${s.description ? "·" : ""} ${sourceNote(s)}`.trim());
+  const note = s.restart_only ? `Read-only here: ${s.restart_only}.` : sourceNote(s);
+  const { row } = field(label, input, `${s.description || ""} ${s.description ? "·" : ""} ${note}`.trim());
   if (s.secret) {
     // The server sends a secret masked or not at all: only whether it is set, never the key.
     const shown = h("span", { class: "masked", dataset: { masked: s.name } },

@@ -2,7 +2,7 @@
 // (text, Markdown, JSON, CSV as a table), upload, download, delete (after asking), see quota use.
 
 import { api } from "../api.js";
-import { confirmDialog, errorBox, field, fmtBytes, fmtInt, h, replace, toast } from "../dom.js";
+import { confirmDialog, downloadLink, errorBox, field, fmtBytes, fmtInt, h, replace, toast } from "../dom.js";
 import { preview } from "../preview.js";
 
 const PREVIEW_BYTES = 65536;
@@ -116,7 +116,7 @@ export function renderVolumes(main) {
       } }, "Delete");
       const head = h("div", { class: "preview-head" }, h("h2", {}, e.path),
         h("span", { class: "muted small" }, fmtBytes(e.size)),
-        h("a", { class: "button secondary small", href: raw, download: e.path.split("/").pop() }, "Download"), del);
+        downloadLink(raw, e.path.split("/").pop(), "Download", { class: "button secondary small" }), del);
       replace(pane, head, h("p", { class: "muted" }, "Loading…"));
       try {
         const text = await api(`/api/volumes/${enc(name)}/text?path=${enc(e.path)}&offset=0&length=${PREVIEW_BYTES}`);
