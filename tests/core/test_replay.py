@@ -198,9 +198,9 @@ async def test_what_cannot_be_replayed_or_forked_is_refused(fleet_env: dict, ora
     async with Engine() as engine:
         with pytest.raises(NotFound):
             await engine.replay("r-no-such-run")
-        with pytest.raises(UserError, match="has steps 1..4"):
+        with pytest.raises(UserError, match=r"has steps 1\.\.4"):
             await engine.fork(source, "9", code="print(1)")
-        with pytest.raises(NotFound, match="no node 'root.7'"):
+        with pytest.raises(NotFound, match=r"no node 'root\.7'"):
             await engine.fork(source, "root.7:1", code="print(1)")
         with pytest.raises(UserError, match="fork point"):
             await engine.fork(source, "step three")

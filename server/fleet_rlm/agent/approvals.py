@@ -190,8 +190,10 @@ def _fork_summary(shown: _Shown, args: dict[str, Any]) -> str:
         then = f"ask the model there with the instruction {shown.content('the instruction', args['instruction'])}"
     else:
         then = "ask the model there again"
-    return (f"fork run {run} at step {at}: replay the steps before it from its record, {then}, then go on live "
-            "with model calls and no cost cap")
+    return (
+        f"fork run {run} at step {at}: replay the steps before it from its record, {then}, then go on live "
+        "with model calls and no cost cap"
+    )
 
 
 def cap_problem(engine: Engine, cap: Any) -> str | None:

@@ -167,7 +167,9 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
     async def fork_run(
         run_id: Annotated[str, Field(description="The run to fork.")],
         at: Annotated[str, Field(description="The step to branch at: '3', or 'NODE:STEP' in a child ('root.1:2').")],
-        code: Annotated[str | None, Field(description="Python to run at that step instead of asking the model.")] = None,
+        code: Annotated[
+            str | None, Field(description="Python to run at that step instead of asking the model.")
+        ] = None,
         instruction: Annotated[str | None, Field(description="Added before the model is asked at that step.")] = None,
     ) -> str:
         fork_id = await engine.fork(run_id, at, code=code, instruction=instruction)

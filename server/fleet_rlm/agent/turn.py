@@ -118,7 +118,9 @@ class Recorder:
                 )
                 # Masked as the stored row is: a live event never carries a secret.
                 shown = redact(args)
-                self.tc.emit({"kind": "tool.call", "call_id": content.call_id, "tool": content.name, "arguments": shown})
+                self.tc.emit(
+                    {"kind": "tool.call", "call_id": content.call_id, "tool": content.name, "arguments": shown}
+                )
             elif content.type == "function_result" and f"result:{content.call_id}" not in self.seen:
                 await self.flush()
                 self.seen.add(f"result:{content.call_id}")

@@ -235,7 +235,12 @@ class Engine:
         return await self._rerun(*plan_replay(self._require_store(), run_id))
 
     async def fork(
-        self, run_id: str, at: str, *, code: str | None = None, instruction: str | None = None,
+        self,
+        run_id: str,
+        at: str,
+        *,
+        code: str | None = None,
+        instruction: str | None = None,
         max_iters: int | None = None,
     ) -> str:
         """A new run that replays ``run_id``'s steps before ``at`` ("3", "root:3", "root.1:2") from its

@@ -114,10 +114,14 @@ class MeteredLM(dspy.LM):
 
     # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape).
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        return tape.call(self, prompt, messages, functools.partial(super().__call__, prompt, messages=messages, **kwargs))
+        return tape.call(
+            self, prompt, messages, functools.partial(super().__call__, prompt, messages=messages, **kwargs)
+        )
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        return await tape.acall(self, prompt, messages, functools.partial(super().acall, prompt, messages=messages, **kwargs))
+        return await tape.acall(
+            self, prompt, messages, functools.partial(super().acall, prompt, messages=messages, **kwargs)
+        )
 
 
 def usage_records() -> list[dict[str, Any]] | None:

@@ -80,7 +80,7 @@ def plan_fork(
         MAX_ITERS.check(max_iters)  # first, so a bad value gets the message every face gives
     source, records = _recorded(store, run_id)
     point = fork_point(run_id, records, at, code=code, instruction=(instruction or "").strip() or None)
-    node, step = point.path[-1]
+    step = point.path[-1][1]
     if max_iters is not None and step > max_iters:
         raise UserError(f"the fork is at step {step}, past --max-iters {max_iters}: allow at least {step} steps")
     rerun = Rerun("fork", source, records, point)

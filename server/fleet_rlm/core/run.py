@@ -126,10 +126,11 @@ class RunContext:
                 staged = await load_inputs(
                     sandbox, self.inputs_file(node), prompt, texts=[context] if context else []
                 )
+                origin = parent.step_path(parent.step) + ">"  # this child's calls are recorded under it
                 runtime = NodeRuntime(
                     self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged,
-                    origin=parent.step_path(parent.step) + ">",
-                )
+                    origin=origin
+                )  # fmt: skip
                 result = await self.run_node(runtime)
         except Exception as exc:
             error = str(exc)

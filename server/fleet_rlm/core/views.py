@@ -149,7 +149,7 @@ def lineage_of(rec: RunRecord) -> dict[str, Any]:
 
 
 def lineage_line(kind: str, parent_run_id: str | None, fork_at: str | None) -> str | None:
-    """"forked from RUN at step 3" / "replay of RUN": one line every face shows."""
+    """One line every face shows: "forked from RUN at step 3", "replay of RUN" (None: neither)."""
     if parent_run_id is None:
         return None
     if kind == "replay":

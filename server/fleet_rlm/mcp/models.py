@@ -26,10 +26,9 @@ from fleet_rlm.core.views import (
 )
 
 __all__ = [
-    "CancelOutput", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress", "ReplayOutput",
-    "RunList", "RunOutput",
-    "RunState", "RunSummary", "StartedRun", "StepDetail", "StepSummary", "SubcallView", "TraceView",
-    "VolumeInfo", "VolumeList", "WrittenFile",
+    "CancelOutput", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress",
+    "ReplayOutput", "RunList", "RunOutput", "RunState", "RunSummary", "StartedRun", "StepDetail", "StepSummary",
+    "SubcallView", "TraceView", "VolumeInfo", "VolumeList", "WrittenFile",
 ]
 
 

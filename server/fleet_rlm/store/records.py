@@ -100,5 +100,6 @@ class RecordTables:
     def _drop_unused_bodies(tx: Tx) -> None:
         """After runs were deleted: bodies no remaining record points at."""
         tx.conn.execute(
-            "DELETE FROM record_bodies WHERE NOT EXISTS (SELECT 1 FROM run_records WHERE body_hash = record_bodies.hash)"
+            "DELETE FROM record_bodies WHERE NOT EXISTS"
+            " (SELECT 1 FROM run_records WHERE body_hash = record_bodies.hash)"
         )
