@@ -79,6 +79,11 @@ async def test_a_replay_answers_every_call_from_the_record_with_the_model_stoppe
     assert result.usage["total"]["calls"] == 0 and result.usage["replayed"]["calls"] == recorded_calls
     assert result.llm_calls == recorded_calls
     assert all(e["data"].get("replayed") for e in events if e["kind"] in ("lm.call", "subcall.finished"))
+    # Nor does a replay need a model configured at all.
+    monkeypatch.delenv("FLEET_LM_MODEL")
+    async with Engine() as engine:
+        bare = await engine.wait(await engine.replay(source))
+    assert bare.status == "succeeded" and bare.answer == "A1 B2 QUIET", bare.error
 
 
 async def test_a_fork_replays_the_steps_before_it_and_runs_the_given_code(fleet_env: dict, oracle: OracleLM) -> None:

@@ -31,7 +31,7 @@ from fleet_rlm.config import load_settings
 from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.errors import Conflict
 from fleet_rlm.mcp.server import build_server
-from fleet_rlm.web import create_app
+from fleet_rlm.web.app import create_app
 from mcp import Client
 from tests.agent.conftest import agent_env, agent_lm, engine, memory_file  # noqa: F401 - fixtures
 from tests.cli.terminal import Terminal

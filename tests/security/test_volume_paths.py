@@ -145,7 +145,7 @@ def test_over_long_paths_are_refused_naming_the_limits(tmp_path: Path, path: str
 
 
 def test_web_answers_400_naming_the_limits_over_http(fleet_env: dict[str, str]) -> None:
-    from fleet_rlm.web import create_app
+    from fleet_rlm.web.app import create_app
     from tests.web.conftest import AUTH, TOKEN, serving
 
     with serving(create_app(token=TOKEN)) as base, httpx.Client(base_url=base, headers=AUTH, timeout=60) as http:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from fleet_rlm.web import create_app
+from fleet_rlm.web.app import create_app
 from tests.support import fake_sandbox
 from tests.support.asgi_server import serve_asgi
 from tests.support.oracle_lm import OracleLM, Scenario

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fleet_rlm.http_auth import BrowserSessions
-from fleet_rlm.web import create_app
+from fleet_rlm.web.app import create_app
 from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import AUTH, BASE, TOKEN, api_client, parse_sse, running, wait_finished
 

@@ -13,8 +13,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.python.asgi import shutdown_lifespans
 
-from fleet_rlm.web import create_app
-from fleet_rlm.web.app import endpoints
+from fleet_rlm.web.app import create_app, endpoints
 from fleet_rlm.web.openapi import document
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from fleet_rlm.web import create_app
+from fleet_rlm.web.app import create_app
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.web.conftest import AUTH, TOKEN, parse_sse, serving
 

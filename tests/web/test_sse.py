@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet_rlm.web import create_app
+from fleet_rlm.web.app import create_app
 from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import AUTH, TOKEN, parse_sse, serving
 

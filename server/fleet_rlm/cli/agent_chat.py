@@ -12,6 +12,7 @@ on in the background until the chat ends.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import sys
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.agent.approvals import Answer, parse_answer
 from fleet_rlm.cli.chat import Chat, Interrupted
+from fleet_rlm.cli.common import settings_for
 from fleet_rlm.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -203,6 +205,11 @@ def describe(event: dict[str, Any]) -> str | None:
     if kind == "turn.finished" and event["status"] not in ("done", "paused"):
         return f"[turn {event['status']}: {event.get('error') or ''}]"
     return None
+
+
+def cmd_agent_chat(args: argparse.Namespace) -> int:
+    asyncio.run(run_agent_chat(settings_for(args), args))
+    return 0
 
 
 async def run_agent_chat(settings: Any, args: argparse.Namespace) -> None:

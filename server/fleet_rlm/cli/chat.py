@@ -311,10 +311,5 @@ async def _chat(settings: Any, args: argparse.Namespace) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    if getattr(args, "agent", False):  # `fleet --agent`: the workspace agent (cli/agent_chat.py)
-        from fleet_rlm.cli.agent_chat import run_agent_chat
-
-        asyncio.run(run_agent_chat(settings_for(args), args))
-        return 0
     asyncio.run(_chat(settings_for(args), args))
     return 0

@@ -165,7 +165,7 @@ def _rerun(sub: Any) -> None:
     replay.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="the runs to replay")
     replay.add_argument("--all", action="store_true", help="every finished run (with --since: created since DATE)")
     replay.add_argument("--since", type=since_date, metavar="DATE", help="with --all: runs created on or after DATE")
-    replay.add_argument("--json", action="store_true", help="print the report (several: a list) as JSON")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON (several: {replays, skipped})")
 
     fork = sub.add_parser("fork", help="a new run from a recorded one: steps before STEP replayed, then live")
     fork.add_argument("run_id")
@@ -242,6 +242,8 @@ def _handler(name: str) -> Handler:
         from fleet_rlm.cli import runs as mod
     elif name in {"replay", "fork"}:
         from fleet_rlm.cli import rerun as mod  # type: ignore[no-redef]
+    elif name == "agent_chat":
+        from fleet_rlm.cli import agent_chat as mod  # type: ignore[no-redef]
     elif name == "volumes":
         from fleet_rlm.cli import volumes as mod  # type: ignore[no-redef]
     elif name == "serve-mcp":
@@ -279,11 +281,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _dispatch(args)
 
 
+def _command(args: argparse.Namespace) -> str:
+    """``fleet --agent`` is the chat with the workspace agent: chosen here, so the plain chat (which the
+    agent chat builds on) never reaches for the module that subclasses it."""
+    return "agent_chat" if args.command == "chat" and getattr(args, "agent", False) else args.command
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     """Run one command; every failure becomes one line and an exit status, in ``fail``."""
     try:
         check_limits(vars(args))  # before any work, in the words every face uses
-        code = _handler(args.command)(args)
+        code = _handler(_command(args))(args)
         sys.stdout.flush()  # a reader that left (`| head`) shows up here, not at exit
         return code
     except (Exception, KeyboardInterrupt) as exc:

@@ -45,7 +45,8 @@ def new_id(prefix: str) -> str:
 
 @dataclass
 class Replay:
-    """A run an optimization makes: a candidate program answering a dataset row (``optimize.harness``)."""
+    """A run an optimization makes: a candidate program answering a dataset row (``optimize.harness``);
+    not ``Engine.replay``, which runs a recorded run again from its record (``core.rerun``)."""
 
     program: Any  # an RLMProgram (or a wrapper with its ``aforward(runtime)``)
     version: str  # recorded as the run's program version: a version id or "candidate:<hash>"
@@ -438,12 +439,23 @@ class Engine:
     def _run_context(
         self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any, tape: Tape
     ) -> RunContext:
-        root_lm, sub_lm = self._models()
+        root_lm, sub_lm = self._replay_models() if tape.mode == "replay" else self._models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
             root_lm=root_lm, sub_lm=sub_lm, program=program, scratch=scratch, volumes=volumes,
             volume_store=self.volumes, tape=tape,
         )
+
+    def _replay_models(self) -> tuple[Any, Any]:
+        """A replay's LMs: the configured ones, or, with no model configured at all, a stand-in that is
+        never called (the record answers every call, or the replay ends where it cannot)."""
+        try:
+            return self._models()
+        except ConfigError:
+            from fleet_rlm.core.lm import MeteredLM
+
+            stand_in = MeteredLM("openai/recorded", api_key="not-needed", cache=False, num_retries=0)
+            return stand_in, stand_in
 
     def _rerun_volumes(self, rerun: Rerun, emit: Any) -> dict[str, Path]:
         """The volumes the source run mounted (not those made since: the model's first view would differ)."""

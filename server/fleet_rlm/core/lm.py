@@ -114,14 +114,15 @@ class MeteredLM(dspy.LM):
 
     # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape).
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        return tape.call(
-            self, prompt, messages, functools.partial(super().__call__, prompt, messages=messages, **kwargs)
-        )
+        live = functools.partial(super().__call__, prompt, messages=messages, **kwargs)
+        return tape.call(prompt, messages, live, usage_records(), self._explain)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        return await tape.acall(
-            self, prompt, messages, functools.partial(super().acall, prompt, messages=messages, **kwargs)
-        )
+        live = functools.partial(super().acall, prompt, messages=messages, **kwargs)
+        return await tape.acall(prompt, messages, live, usage_records(), self._explain)
+
+    def _explain(self, exc: Exception) -> str:
+        return explain_lm_error(exc, self)
 
 
 def usage_records() -> list[dict[str, Any]] | None:

@@ -40,7 +40,6 @@ class Rerun:
     source: RunRecord
     records: list[Record]
     fork: ForkPoint | None = None
-    volumes: list[str] = field(default_factory=list)  # the volumes the source mounted
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -50,6 +49,11 @@ class Rerun:
     @property
     def inputs(self) -> dict[str, Any]:
         return next((r.body for r in self.records if r.slot == INPUTS_SLOT), {})
+
+    @property
+    def volumes(self) -> list[str]:
+        """The volumes the source mounted."""
+        return list(self.inputs.get("volumes") or [])
 
     def tape(self, keep: Any, emit: Any) -> Tape:
         return Tape(keep, emit, mode=self.kind, source=self.records, source_id=self.source.id, fork=self.fork)
@@ -139,7 +143,6 @@ def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunReques
     ran = next((e["data"].get("limits") or {} for e in store.events(rerun.source.id, limit=1)), {})
     limits = {k: ran.get(k, asked.get(k)) for k in LIMITS} | {k: v for k, v in overrides.items() if v is not None}
     inputs = rerun.inputs
-    rerun.volumes = list(inputs.get("volumes") or [])
     return RunRequest(
         question=rerun.source.question,
         context_paths=list(asked.get("context_paths") or []),

@@ -129,13 +129,6 @@ class Recorded:
     usage: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Divergence:
-    slot: str
-    reason: Literal["prompt", "missing", "host", "inputs"]
-    detail: str
-
-
 Keep = Callable[[int, str, str, int, dict[str, Any], dict[str, Any]], None]  # store.keep_record without run_id
 Emit = Callable[..., Any]  # RunContext.emit
 
@@ -166,13 +159,8 @@ class Tape:
         for r in source or []:
             if is_model_call(r.slot):
                 self._by_request.setdefault(r.request_hash, []).append(r)
-        self.divergences: list[Divergence] = []
 
     # -- what the record says -------------------------------------------------------------------
-
-    @property
-    def answering(self) -> bool:
-        return self.mode != "keep"
 
     def source_inputs(self) -> dict[str, Any] | None:
         found = self._by_slot.get(INPUTS_SLOT)
@@ -196,7 +184,10 @@ class Tape:
             reply = _given_code_reply(self.fork.code, self.source_id)
             return Recorded({"outputs": [reply]}, {})
         if where == "before":
-            return self._take(self._by_slot.get(slot)) or self._matching(key)
+            found = self._take(self._by_slot.get(slot)) or self._matching(key)
+            if found is None:  # the replayed steps did not do what they did (non-determinism): said, not hidden
+                self.diverge(slot, "missing", "the recorded run made no such call: the model was asked live")
+            return found
         return self._matching(key) if where == "near" else None
 
     def _replayed(self, slot: str, key: str, chars: int) -> Recorded:
@@ -248,7 +239,6 @@ class Tape:
             self.diverge(slot, "host", f"{name}() returned something other than in the recorded run")
 
     def diverge(self, slot: str, reason: Literal["prompt", "missing", "host", "inputs"], detail: str) -> None:
-        self.divergences.append(Divergence(slot, reason, detail))
         chain, _ = parse_slot(slot)
         node, step = chain[-1]
         parent = chain[-2][0] if len(chain) > 1 else None
@@ -296,12 +286,10 @@ def at(tape: Tape | None, slot: str) -> Iterator[None]:
 class _Call:
     """One model call at a slot of a run's tape: answered from the record, or made and kept."""
 
-    def __init__(self, tape: Tape, slot: str, prompt: Any, messages: Any) -> None:
-        from fleet_rlm.core.lm import usage_records
-
+    def __init__(self, tape: Tape, slot: str, prompt: Any, messages: Any, records: Records) -> None:
         self.tape, self.slot = tape, slot
         self.key, self.chars = request_key(prompt, messages)
-        self.records = usage_records()  # where MeteredLM hands this call's usage (core.lm.metered)
+        self.records = records  # where MeteredLM hands this call's usage (core.lm.metered)
         self.mark = len(self.records) if self.records is not None else 0
         self.recorded = tape.answer(slot, self.key, self.chars)
 
@@ -322,10 +310,8 @@ class _Call:
         self.tape.keep(self.slot, self.key, self.chars, {"outputs": outputs}, self._usage())
         return outputs
 
-    def failed(self, exc: Exception, lm: Any) -> None:
-        from fleet_rlm.core.lm import explain_lm_error
-
-        self.tape.keep(self.slot, self.key, self.chars, {"error": explain_lm_error(exc, lm)}, self._usage())
+    def failed(self, error: str) -> None:
+        self.tape.keep(self.slot, self.key, self.chars, {"error": error}, self._usage())
 
     def _usage(self) -> dict[str, Any]:
         entries = self.records[self.mark :] if self.records is not None else []
@@ -340,33 +326,41 @@ class _Call:
         }
 
 
-def call(lm: Any, prompt: Any, messages: Any, live: Callable[[], Any]) -> Any:
+# What the model call brings along (core.lm imports this module, so it hands these over rather than
+# this module importing it back): the list its usage lands in, and its failure as the user's sentence.
+Records = list[dict[str, Any]] | None
+Explain = Callable[[Exception], str]
+
+
+def call(prompt: Any, messages: Any, live: Callable[[], Any], records: Records, explain: Explain) -> Any:
     """``MeteredLM.__call__`` through the run's tape (outside a run: just the call)."""
     where = _at.get()
     if where is None:
         return live()
-    step = _Call(*where, prompt, messages)
+    step = _Call(*where, prompt, messages, records)
     if step.recorded is not None:
         return step.answer()
     try:
         outputs = live()
     except Exception as exc:
-        step.failed(exc, lm)
+        step.failed(explain(exc))
         raise
     return step.kept(outputs)
 
 
-async def acall(lm: Any, prompt: Any, messages: Any, live: Callable[[], Awaitable[Any]]) -> Any:
+async def acall(
+    prompt: Any, messages: Any, live: Callable[[], Awaitable[Any]], records: Records, explain: Explain
+) -> Any:
     """``MeteredLM.acall`` through the run's tape; the same as ``call``, awaited."""
     where = _at.get()
     if where is None:
         return await live()
-    step = _Call(*where, prompt, messages)
+    step = _Call(*where, prompt, messages, records)
     if step.recorded is not None:
         return step.answer()
     try:
         outputs = await live()
     except Exception as exc:
-        step.failed(exc, lm)
+        step.failed(explain(exc))
         raise
     return step.kept(outputs)

@@ -40,6 +40,9 @@ PARENT = "fleet-rlm"
 WORKER_TASKS = 8
 TMP_BYTES = 64 * 1024 * 1024  # /tmp inside bwrap (RAM): small, the work folder is for real files
 SHM_BYTES = 16 * 1024 * 1024  # /dev/shm inside bwrap: enough for multiprocessing's semaphores
+# Extra seconds past an execute timeout before the host presumes the worker stuck and kills it: a cap
+# doctor reports, so it lives here and the local backend that applies it imports it.
+STUCK_GRACE = 10.0
 CONTROLLERS = ("memory", "pids")
 
 
@@ -354,8 +357,6 @@ def describe_caps(
     host_call_total_mb: int,
 ) -> list[dict[str, Any]]:
     """Every cap of a local sandbox with these settings: {name, limit, enforced, how, why_not}."""
-    from fleet_rlm.sandbox.local import STUCK_GRACE  # local imports this module
-
     support = detect_cgroups()
     cg = f"cgroup v{support.version}" if support.version else ""
     bwrap = isolation == "bwrap"

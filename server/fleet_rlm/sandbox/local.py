@@ -41,7 +41,7 @@ from fleet_rlm.sandbox.base import (
     nesting_depth,
     register_backend,
 )
-from fleet_rlm.sandbox.caps import SHM_BYTES, TMP_BYTES, SandboxCgroup, work_quota
+from fleet_rlm.sandbox.caps import SHM_BYTES, STUCK_GRACE, TMP_BYTES, SandboxCgroup, work_quota
 from fleet_rlm.volumes.quota import trim
 from fleet_rlm.volumes.safepath import DIR_FLAGS, closing_fd, scan
 
@@ -53,7 +53,6 @@ SANDBOX_ROOT = "/fleet"
 SANDBOX_WORK_DIR = "/fleet/work"
 STARTUP_TIMEOUT = 30.0
 KILL_GRACE = 2.0  # seconds a worker gets to exit after "shutdown" before SIGKILL
-STUCK_GRACE = 10.0  # extra seconds past an execute timeout before the worker is presumed stuck
 MAX_HOST_CALLS = 1024  # host calls one sandbox may have outstanding; more are refused, not queued
 BLOB_CHUNK = 1024 * 1024
 

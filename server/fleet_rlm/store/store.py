@@ -160,6 +160,11 @@ def _redacted(name: str, value: Any) -> Any:
     return redact(value) if name in _REDACTED_FIELDS else value
 
 
+def _like_literal(text: str) -> str:
+    """``text`` for a LIKE pattern with ESCAPE '\\': its own %, _ and \\ match only themselves."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def _run_from_row(row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
     values = dict(zip(_RUN_COLUMNS, row, strict=True))
     for name in _JSON_FIELDS:
@@ -323,7 +328,7 @@ class Store(OptimizeTables, AgentTables, RecordTables):
             params.append(kind)
         if q:
             where.append("question LIKE ? ESCAPE '\\'")
-            params.append("%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+            params.append(f"%{_like_literal(q)}%")
         if session_id is not None:
             where.append("session_id = ?")
             params.append(session_id)
@@ -333,6 +338,16 @@ class Store(OptimizeTables, AgentTables, RecordTables):
         sql = _RUN_SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
         return [_run_from_row(r) for r in self._read(sql, (*params, limit, offset))]
+
+    def run_ids_matching(self, part: str, *, prefix: bool, suffix: bool, limit: int = 2) -> list[str]:
+        """Ids of runs (every kind) that start and/or end with ``part``, newest first; ``limit``
+        2 is enough to tell one match from several."""
+        patterns = ([f"{_like_literal(part)}%"] if prefix else []) + ([f"%{_like_literal(part)}"] if suffix else [])
+        if not patterns:
+            return []
+        where = " OR ".join(["id LIKE ? ESCAPE '\\'"] * len(patterns))
+        sql = f"SELECT id FROM runs WHERE {where} ORDER BY created_at DESC, id DESC LIMIT ?"
+        return [r[0] for r in self._read(sql, (*patterns, limit))]
 
     def delete_run(self, run_id: str) -> None:
         def delete(tx: Tx) -> None:
