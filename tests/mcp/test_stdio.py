@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -111,3 +112,39 @@ async def test_run_cancelled_early_is_kept(
         db.close()
     assert kinds[0] == "run.started" and kinds[-1] == "run.finished" and "lm.call" in kinds
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_client_gone_mid_run_leaves_the_run_finished_in_the_store(
+    fleet_env: dict[str, str], oracle: OracleLM, tmp_path: Path
+) -> None:
+    """The MCP client dies mid-call without a word (its end of the pipes closes): the server's exit
+    records the run as ended, with its events through run.finished, before any later process reads it."""
+    oracle.add(Scenario("never ending", ["print('looking')"] * 50))
+    oracle.state.latency = 0.3
+    server = subprocess.Popen(
+        fleet_mcp_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=server_env(fleet_env), cwd=tmp_path,
+    )  # fmt: skip
+    assert server.stdin is not None and server.stdout is not None
+    hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    call = {"name": "run", "arguments": {"question": "never ending", "context_text": "x"}}
+    for message in (
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call},
+    ):
+        server.stdin.write((json.dumps(message) + "\n").encode())
+        server.stdin.flush()
+    with anyio.fail_after(60):
+        while sum(r.reply_chars > 0 for r in oracle.requests()) < 2:
+            await anyio.sleep(0.01)
+    server.stdin.close()  # the client is gone: no cancel, no goodbye
+    server.stdout.close()
+    assert await anyio.to_thread.run_sync(lambda: server.wait(timeout=60)) is not None
+    db = sqlite3.connect(Path(fleet_env["FLEET_HOME"]) / "fleet.db")
+    try:
+        row = db.execute("SELECT id, status FROM runs WHERE question = 'never ending'").fetchone()
+        kinds = [k for (k,) in db.execute("SELECT kind FROM events WHERE run_id = ? ORDER BY seq", (row[0],))]
+    finally:
+        db.close()
+    assert row[1] in ("cancelled", "interrupted") and kinds[-1] == "run.finished" and "lm.call" in kinds
