@@ -197,6 +197,9 @@ class Settings(BaseSettings):
     sub_lm_price_per_mtok_out: float | None = Field(
         None, ge=0, description="USD per million reply tokens of the sub model; unset: the root's, for its model."
     )
+    prompt_cache: bool = Field(
+        True, description="Mark the root transcript's stable prefix cacheable for Anthropic models (cache_control)."
+    )
 
     sandbox: str = Field("local", description="Where code runs: a sandbox backend (local or daytona).")
     isolation: Literal["auto", "bwrap", "none"] = Field("auto", description="Local sandbox isolation.")
@@ -241,6 +244,14 @@ class Settings(BaseSettings):
     upload_max_mb: int = Field(200, ge=1, description="Largest upload (or request body) the web server accepts, MB.")
     retention_days: int | None = Field(
         None, ge=1, description="Delete finished runs (with their uploads) older than this; unset: keep them all."
+    )
+    # OpenTelemetry export (core/telemetry.py); the standard OTEL_EXPORTER_OTLP_* variables work too.
+    otel: bool | None = Field(
+        None, description="Export traces over OTLP/HTTP: true, false (even with OTEL_EXPORTER_OTLP_ENDPOINT set), "
+        "unset: only when OTEL_EXPORTER_OTLP_ENDPOINT or otel_endpoint is set."
+    )
+    otel_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector base URL (spans go to <url>/v1/traces); unset: the OTEL_ variables'."
     )
 
     daytona_api_key: SecretStr | None = Field(

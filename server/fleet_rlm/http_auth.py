@@ -23,6 +23,7 @@ tab's ``sessionStorage`` (per origin, port included) and sends it as the bearer;
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import ipaddress
@@ -117,7 +118,11 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror} (use another --port?)") from exc
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(
+                f"port {port} is in use; pick another with --port N (or --port 0 for any free port)"
+            ) from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host and --port") from None
     return sock
 
 

@@ -32,10 +32,11 @@ def cli(*args: str, env: dict, stdin: str | None = None, timeout: float = 120) -
 
 def test_help_does_not_load_the_runtime() -> None:
     probe = (
-        "import sys, fleet_rlm.cli.main as m; m.build_parser(); print('dspy' in sys.modules, 'litellm' in sys.modules)"
+        "import sys, fleet_rlm.cli.main as m; m.build_parser();"
+        "print(*(name in sys.modules for name in ('dspy', 'litellm', 'pydantic', 'rich', 'asyncio')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False False"
+    assert out.stdout.strip() == "False False False False False"  # a parser for --help, nothing of the runtime
     assert "run" in subprocess.run([str(BIN / "fleet-rlm"), "--help"], capture_output=True, text=True).stdout
 
 
@@ -280,3 +281,20 @@ def test_run_reads_every_reply_form_without_extra_calls(fleet_env: dict, oracle:
     trace = json.loads(cli("trace", result["run_id"], "--json", env=fleet_env).stdout)
     shown = [s["lm"]["reply_form"] for s in trace["nodes"]["root"]["steps"]]
     assert shown == ["json", "json", "prose_code", "xml", "fields_unclosed", "fields"]
+
+
+def test_prompt_cache_share_and_saving_in_run_and_trace(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("count to two", ["x = 1\nprint(x)", "SUBMIT(x + 1)"]))
+    oracle.state.cache_reads = 100  # each reply reports 100 prompt tokens read from the provider's cache
+    env = {**fleet_env, "FLEET_LM_MODEL": "openai/gpt-4o-mini"}  # LiteLLM prices its cache reads
+    result = json.loads(cli("run", "count to two", "--json", env=env).stdout)
+    total = result["usage"]["total"]
+    assert total["cached_tokens"] == 200 and total["saved"] > 0
+    share = f"{200 / total['prompt_tokens']:.0%} of prompt cached"
+
+    summary = cli("run", "count to two", env=env).stderr
+    assert f"{share}, ${total['saved']:.4f} saved" in summary
+
+    trace = cli("trace", result["run_id"], env=env).stdout
+    assert f"{share}, ${total['saved']:.4f} saved" in trace  # the run's line
+    assert trace.count("of prompt cached") == 3  # and each step's

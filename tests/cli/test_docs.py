@@ -118,6 +118,9 @@ GOOD: dict[tuple[Key, str], list[str]] = {
     (("fleet-rlm", "trace"), "--json"): ["trace", "{run}", "--json"],
     (("fleet-rlm", "trace"), "--full"): ["trace", "{run}", "--full"],
     (("fleet-rlm", "export"), ""): ["export", "{run}"],
+    (("fleet-rlm", "export"), "--html"): ["export", "{run}", "--html", "{dir}/trace.html"],
+    (("fleet-rlm", "export"), "--force"): ["export", "{run}", "--html", "{dir}/again.html", "--force"],
+    (("fleet-rlm", "export"), "--format"): ["export", "{run}", "--format", "rlms"],
     (("fleet-rlm", "replay"), "--json"): ["replay", "{run}", "--json"],
     (("fleet-rlm", "replay"), "--all"): ["replay", "--all", "--since", "2999-01-01"],  # none: other runs change
     (("fleet-rlm", "replay"), "--since"): ["replay", "--all", "--since", "2999-01-01T00:00"],
@@ -205,6 +208,8 @@ BAD: list[list[str]] = [
     ["runs", "--status", "bogus"],
     ["trace", "r-no-such-run"],
     ["export", "r-no-such-run"],
+    ["export", "{run}", "--html", "{file}"],  # exists: kept unless --force
+    ["export", "{run}", "--format", "html"],
     ["replay"],
     ["replay", "r-no-such-run"],
     ["replay", "--since", "2024-01-01"],

@@ -15,6 +15,7 @@ from fleet_rlm import __version__
 from fleet_rlm.mcp.server import INSTRUCTIONS
 from mcp import Client
 from tests.mcp import EXPECTED_TOOLS
+from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio
 
@@ -107,3 +108,14 @@ def test_startup_does_not_import_the_engine() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+async def test_get_run_reports_the_prompt_cache(client: Client, oracle: OracleLM) -> None:
+    oracle.add(Scenario("count to two", ["x = 1\nprint(x)", "SUBMIT(x + 1)"]))
+    oracle.state.cache_reads = 30  # each reply reports 30 prompt tokens read from the provider's cache
+    done = (await client.call_tool("run", {"question": "count to two", "context_text": "x"})).structured_content
+    assert done is not None and done["status"] == "succeeded"
+    state = (await client.call_tool("get_run", {"run_id": done["run_id"]})).structured_content
+    assert state is not None
+    assert state["usage"]["total"]["cached_tokens"] == 60 == done["usage"]["total"]["cached_tokens"]
+    assert state["usage"]["by_model"]["openai/oracle"]["cached_tokens"] == 60

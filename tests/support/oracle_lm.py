@@ -21,6 +21,11 @@ A scenario's ``style`` is how its model writes a structured reply (``STYLES``): 
 asked for, or one of the forms models stray into (JSON, prose with one code block, XML-like
 tags ...), for the act step and the extraction alike.
 
+It also speaks Anthropic's messages API (``POST .../messages``), for tests of what an
+``anthropic/...`` model is sent. With ``cache_reads`` / ``cache_writes`` each reply reports that many
+prompt tokens as read from / written to a prompt cache: OpenAI's ``prompt_tokens_details.cached_tokens``
+on the chat API, Anthropic's ``cache_read_input_tokens`` / ``cache_creation_input_tokens`` on its own.
+
 It records every request, tracks how many were in flight at once, can add latency and can
 fail a number of requests (or every root or sub request) with a chosen HTTP status to exercise
 retries and error paths; with ``echo_secrets`` a failure quotes the request's Authorization
@@ -91,6 +96,8 @@ class OracleState:
     models: tuple[str, ...] = ("oracle", "gpt-4o-mini", "gpt-5-mini")
     strict_models: bool = False  # refuse calls naming a model not in ``models`` (404), as vLLM does
     field_replies: dict[str, str] = field(default_factory=dict)  # output field -> reply (proposals, reflection)
+    cache_reads: int = 0  # prompt tokens each reply reports as read from the prompt cache (at most the prompt's)
+    cache_writes: int = 0  # and as written to it
     requests: list[Request] = field(default_factory=list)
     models_listed: int = 0  # GETs of the model list (a preflight's), counted apart from the calls
     in_flight: int = 0
@@ -228,10 +235,14 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            if not self.path.rstrip("/").endswith("/chat/completions"):
+            path = self.path.rstrip("/")
+            anthropic = path.endswith("/messages")  # LiteLLM appends /v1/messages to the base, dspy's own /messages
+            if not (anthropic or path.endswith("/chat/completions")):
                 self.send_json(404, {"error": {"message": f"unknown path {self.path}"}})
                 return
             messages = body.get("messages", [])
+            if anthropic and body.get("system"):  # read as the chat API's system message
+                messages = [{"role": "system", "content": body["system"]}, *messages]
             dialect = _dialect(messages)
             is_root = dialect is not None
             kind = "root" if is_root else "sub"
@@ -267,7 +278,8 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                     prompt = _text(messages[-1].get("content")) if messages else ""
                     content = _sub_answer(state, prompt)
                 record.reply_chars = len(content)
-                self.send_json(200, _completion(body.get("model", "oracle"), content, prompt_chars))
+                reply = _message if anthropic else _completion
+                self.send_json(200, reply(body.get("model", "oracle"), content, prompt_chars, state))
             finally:
                 with state.lock:
                     state.in_flight -= 1
@@ -295,9 +307,10 @@ def _sub_answer(state: OracleState, prompt: str) -> str:
     return state.scenarios[0].sub(prompt) if state.scenarios else default_sub(prompt)
 
 
-def _completion(model: str, content: str, prompt_chars: int) -> dict[str, Any]:
+def _completion(model: str, content: str, prompt_chars: int, state: OracleState) -> dict[str, Any]:
     prompt_tokens = max(1, prompt_chars // 4)
     completion_tokens = max(1, len(content) // 4)
+    cached = {"prompt_tokens_details": {"cached_tokens": min(state.cache_reads, prompt_tokens)}}
     return {
         "id": f"chatcmpl-{time.monotonic_ns()}",
         "object": "chat.completion",
@@ -308,5 +321,28 @@ def _completion(model: str, content: str, prompt_chars: int) -> dict[str, Any]:
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+        }
+        | (cached if state.cache_reads else {}),
+    }
+
+
+def _message(model: str, content: str, prompt_chars: int, state: OracleState) -> dict[str, Any]:
+    """A reply of Anthropic's messages API, whose ``input_tokens`` leave out the cache's."""
+    prompt_tokens = max(1, prompt_chars // 4)
+    read = min(state.cache_reads, prompt_tokens)
+    written = min(state.cache_writes, prompt_tokens - read)
+    return {
+        "id": f"msg_{time.monotonic_ns()}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": content}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": prompt_tokens - read - written,
+            "output_tokens": max(1, len(content) // 4),
+            "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": written,
         },
     }

@@ -162,6 +162,14 @@ async def test_run_lifecycle_trace_export_and_feedback(client: httpx.AsyncClient
     assert "already ended" in cancel["message"]
 
 
+async def test_run_state_and_tree_report_the_prompt_cache(client: httpx.AsyncClient, scripted: OracleLM) -> None:
+    scripted.state.cache_reads = 25  # each reply reports 25 prompt tokens read from the provider's cache
+    state = await _run(client)
+    assert state["usage"]["total"]["cached_tokens"] == 25 * state["llm_calls"]
+    tree = (await client.get(f"/api/runs/{state['run_id']}/tree")).json()
+    assert [s["lm"]["cached_tokens"] for s in tree["nodes"]["root"]["steps"]] == [25]  # the timeline's tooltip
+
+
 async def test_cancel_and_delete(client: httpx.AsyncClient) -> None:
     started = (await client.post("/api/runs", json={"question": "slow question"})).json()
     run_id = started["run_id"]

@@ -3,7 +3,7 @@
 // of lanes is how many ran at once.
 
 import { fmtSeconds, h, replace } from "./dom.js";
-import { subcallGroups } from "./trace.js";
+import { cacheNote, subcallGroups } from "./trace.js";
 
 const KINDS = { run: "run", child: "child RLM", lm: "model call", code: "code", sub: "sub-query" };
 
@@ -42,7 +42,8 @@ export function timelineRows(model) {
       const lm = step.lm || {};
       if (step.lmTs) {
         items.push({ start: step.lmTs - (lm.latency || 0), end: step.lmTs, kind: "lm",
-          title: `${id} step ${step.step}: ${lm.model || "model"} ${fmtSeconds(lm.latency || 0)}` });
+          title: [`${id} step ${step.step}: ${lm.model || "model"} ${fmtSeconds(lm.latency || 0)}`, cacheNote(lm)]
+            .filter(Boolean).join(" · ") });
       }
       if (step.codeTs) {
         items.push({ start: step.codeTs - (step.duration || 0), end: step.codeTs, kind: "code",

@@ -73,7 +73,8 @@ export class TraceModel {
         this.current.set(name, step.step);
         step.reasoning = data.reasoning ?? null;
         step.lm = { model: data.model, predictor: data.predictor, prompt_tokens: data.prompt_tokens,
-          completion_tokens: data.completion_tokens, cost: data.cost, latency: data.latency, replayed: data.replayed };
+          completion_tokens: data.completion_tokens, cost: data.cost, latency: data.latency, replayed: data.replayed,
+          cached_tokens: data.cached_tokens, cache_write_tokens: data.cache_write_tokens, saved: data.saved };
         step.lmTs = ev.ts;
         this.progress = `${where}step ${step.step} · running code`;
         return { node: name, step: step.step };
@@ -180,7 +181,7 @@ function stepSummary(step) {
     lm.replayed ? h("span", { class: "tag", title: "Answered from the record: no model was called" }, "replayed") : null,
     h("span", { class: "muted small" }, [lm.model, lm.latency != null ? `model ${fmtSeconds(lm.latency)}` : null,
       step.duration != null ? `code ${fmtSeconds(step.duration)}` : null, tokens ? `${fmtInt(tokens)} tokens` : null,
-      lm.cost ? fmtCost(lm.cost) : null].filter(Boolean).join(" · ")),
+      cacheNote(lm), lm.cost ? fmtCost(lm.cost) : null].filter(Boolean).join(" · ")),
   ];
 }
 
@@ -283,6 +284,15 @@ export class TraceTree {
     }
     this.status.textContent = this.model.progress;
   }
+}
+
+/** "62% of prompt cached, $0.0012 saved" for a call's or a run's counts that read the provider's prompt
+ * cache (server/fleet_rlm/core/views.py `cache_note`), or "" when none were read. */
+export function cacheNote(u) {
+  const cached = (u && u.cached_tokens) || 0;
+  const prompt = (u && u.prompt_tokens) || 0;
+  if (!cached || !prompt) return "";
+  return `${Math.round((100 * cached) / prompt)}% of prompt cached${u.saved ? `, ${fmtCost(u.saved)} saved` : ""}`;
 }
 
 /** Tokens and cost per model from a run's usage ({total, by_model}). */

@@ -223,7 +223,7 @@ class AgentHost:
         self.expire()
         known = self.store.get_approval(approval_id)
         if known is None:
-            raise NotFound(f"no approval '{approval_id}': GET /api/approvals (MCP: conversations) lists them")
+            raise NotFound(f"no approval '{approval_id}': answer one of the conversation's pending approvals")
         # Reserved first: once the store says the turn is ours to resume, nothing may take it for dead.
         feed = self._reserve(known["conversation_id"])
         try:

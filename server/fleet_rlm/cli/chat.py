@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from fleet_rlm.cli.common import fail, limit_overrides, settings_for
 from fleet_rlm.cli.runs import follow_run
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.core.errors import RunNotFound, UserError
 
 T = TypeVar("T")
 PASTE_END = "."
@@ -210,11 +210,12 @@ class Chat:
         if not run_id:
             print("no run yet" if run_id is None else "give a run id: /open RUN_ID (see /runs)")
             return
-        row = self.engine.get_run(run_id)
-        if row is None:
-            print(f"no run '{run_id}': /runs lists recent ones")
+        try:
+            row = self.engine.workspace.run(run_id)  # `last`, `last~N` or a unique part of an id too
+        except UserError as exc:  # unknown or ambiguous: say so and keep chatting
+            print(f"{exc} (/runs lists recent ones)" if isinstance(exc, RunNotFound) else exc)
             return
-        render(row, build_trace(self.engine.events(run_id)))
+        render(row, build_trace(self.engine.events(row.id)))
 
     async def command(self, line: str) -> bool:
         """Handle a slash command; False means quit."""

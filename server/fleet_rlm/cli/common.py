@@ -9,19 +9,25 @@ shown only with ``FLEET_DEBUG=1``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
 import traceback
 from typing import Any, NoReturn
 
-from fleet_rlm.core.errors import FleetError, UserError
+from fleet_rlm.core.errors import FleetError, RunNotFound, UserError
 from fleet_rlm.core.limits import LIMITS, Limit
 
 INTERRUPTED = 130
 # A finished job's status as an exit code: scripts tell a clean answer (0) from one extracted after a
 # budget stop (3), a failure (1) and a cancel (130). docs/cli.md has the table.
 STATUS_EXIT = {"succeeded": 0, "partial": 3, "cancelled": INTERRUPTED}
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1,000 bytes``: a count with its noun in the right number."""
+    return f"{count:,} {one if count == 1 else many or one + 's'}"
 
 
 def status_exit(status: str) -> int:
@@ -46,7 +52,8 @@ def fail(exc: BaseException) -> int:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED
     if isinstance(exc, FleetError):
-        print(f"error: {_one_line(exc.message)}", file=sys.stderr)
+        hint = " (`fleet-rlm runs` lists recent ones)" if isinstance(exc, RunNotFound) else ""
+        print(f"error: {_one_line(exc.message)}{hint}", file=sys.stderr)
         return exc.exit_code
     detail = _one_line(str(exc)) or type(exc).__name__
     print(f"error: internal error: {type(exc).__name__}: {detail} (FLEET_DEBUG=1 shows where)", file=sys.stderr)
@@ -136,3 +143,13 @@ def settings_for(args: argparse.Namespace) -> Any:
 
     sandbox = getattr(args, "sandbox", None)
     return load_settings(sandbox=sandbox)
+
+
+def since_date(text: str) -> float:
+    """An argparse type: a date (2025-01-31) or date and time (2025-01-31T14:00), local time."""
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a date such as 2025-01-31 or 2025-01-31T14:00, not {text!r}"
+        ) from None

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleet_rlm import __version__
-from fleet_rlm.cli.common import Parser, fail, limit_argument, not_negative, positive
+from fleet_rlm.cli.common import Parser, fail, limit_argument, not_negative, positive, since_date
 from fleet_rlm.core.limits import LIMITS, MAX_ITERS, check_limits  # a leaf module: --help stays fast
 from fleet_rlm.core.types import STATUSES  # a leaf module: --help stays fast
 
@@ -77,8 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--json", action="store_true", help="the tree as JSON")
     trace.add_argument("--full", action="store_true", help="do not shorten code and outputs")
 
-    export = sub.add_parser("export", help="print a run's events as JSON lines")
+    export = sub.add_parser("export", help="print a run's events as JSON lines, or save it as one HTML file")
     export.add_argument("run_id")
+    how = export.add_mutually_exclusive_group()
+    how.add_argument("--html", metavar="FILE", help="write a self-contained HTML page of the run (works offline)")
+    how.add_argument(
+        "--format",
+        choices=("events", "rlms"),
+        default="events",
+        help="events: ours (default); rlms: the reference rlms package's trajectory, for its visualizer",
+    )
+    export.add_argument("--force", action="store_true", help="with --html: overwrite FILE if it exists")
     _rerun(sub)
 
     vol = sub.add_parser("volumes", help="list, read, write and delete volume files")
@@ -159,8 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _rerun(sub: Any) -> None:
     """``replay`` and ``fork`` (docs/replay.md)."""
-    from fleet_rlm.cli.rerun import since_date
-
     replay = sub.add_parser("replay", help="rerun recorded runs on the current code, every model call from the record")
     replay.add_argument("run_ids", nargs="*", metavar="RUN_ID", help="the runs to replay")
     replay.add_argument("--all", action="store_true", help="every finished run (with --since: created since DATE)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,6 @@ from fleet_rlm.cli.progress import Progress
 from fleet_rlm.core.errors import UserError
 
 DIVERGED = 1  # `replay`'s exit status when anything differed (0: nothing did)
-
-
-def since_date(text: str) -> float:
-    """An argparse type: a date (2025-01-31) or date and time (2025-01-31T14:00), local time."""
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a date such as 2025-01-31 or 2025-01-31T14:00, not {text!r}"
-        ) from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

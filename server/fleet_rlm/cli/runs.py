@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
+from fleet_rlm.cli.common import limit_overrides, plural, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import Progress
 
 
@@ -33,6 +35,7 @@ def read_stdin_contexts(paths: list[str]) -> tuple[list[str], list[str]]:
 def cmd_run(args: argparse.Namespace) -> int:
     from fleet_rlm.core.engine import Engine
     from fleet_rlm.core.types import RunRequest
+    from fleet_rlm.core.views import cache_note
 
     settings = settings_for(args)
     paths, stdin_texts = read_stdin_contexts(args.context)
@@ -58,9 +61,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(result.answer)
         tokens = result.usage.get("total") or {}
         print(
-            f"[{result.status} · run {result.run_id} · {result.iterations} steps · {result.llm_calls} model calls"
+            f"[{result.status} · run {result.run_id} · {plural(result.iterations, 'step')}"
+            f" · {plural(result.llm_calls, 'model call')}"
             f" · {int((tokens.get('prompt_tokens') or 0) + (tokens.get('completion_tokens') or 0)):,} tokens"
-            f" · {result.seconds:.1f}s]" + (f"\n{result.stop_reason}" if result.stop_reason else ""),
+            f"{cache_note(tokens)} · {result.seconds:.1f}s]"
+            + (f"\n{result.stop_reason}" if result.stop_reason else ""),
             file=sys.stderr,
         )
         if result.error:
@@ -107,12 +112,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         lineage = lineage_line(**lineage_of(r))
         print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}" + (f"  ({lineage})" if lineage else ""))
+    if rows:  # on stderr: the table stays clean for pipes
+        print("refer to a run by its id, a unique part of it (the end is enough), or last / last~N", file=sys.stderr)
     return 0
 
 
 def _load_trace(run_id: str) -> tuple[Any, list[dict[str, Any]]]:
     with _workspace() as ws:
-        return ws.run(run_id), ws.events(run_id)
+        row = ws.run(run_id)
+        return row, ws.events(row.id)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -130,7 +138,35 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.html:
+        return _export_html(args.run_id, Path(args.html), args.force)
+    if args.format == "rlms":
+        from fleet_rlm.core.export_rlms import rlms_rows
+
+        for row in rlms_rows(_load_trace(args.run_id)[1]):
+            print(json.dumps(row, ensure_ascii=False))  # one line each: the rlms visualizer reads JSON lines
+        return 0
     with _workspace() as ws:
         for event in ws.export(args.run_id):
             print_json(event)
+    return 0
+
+
+def _export_html(run_id: str, target: Path, force: bool) -> int:
+    from fleet_rlm.core.errors import UserError
+    from fleet_rlm.core.html_export import BLOCK_CAP, run_html
+
+    if target.exists() and not force:  # it may be anything, e.g. an earlier export someone annotated
+        raise UserError(f"{target} exists: choose another file, or pass --force to overwrite it")
+    row, events = _load_trace(run_id)
+    page = run_html(row.id, events)
+    target.write_text(page.html, encoding="utf-8")
+    print(f"wrote {target} ({page.size:,} bytes)", file=sys.stderr)
+    if page.cut:
+        blocks = plural(len(page.cut), "long block")
+        print(
+            f"{blocks} of code or output cut to their first and last {BLOCK_CAP // 2:,} characters (the file lists"
+            f" them); `fleet-rlm export {row.id}` has every event in full",
+            file=sys.stderr,
+        )
     return 0

@@ -43,9 +43,11 @@ def cmd_config(args: argparse.Namespace) -> int:
         settings = cfg.load_settings()
         dotenv, saved = cfg.dotenv_settings(), cfg.read_user_settings()
         withheld = cfg.withheld_keys(settings)
-        for name in cfg.Settings.model_fields:
+        values = {name: _display(settings, name) for name in cfg.Settings.model_fields}
+        name_width, value_width = max(map(len, values)), max(map(len, values.values()))
+        for name, value in values.items():
             note = f"  {withheld[name]}" if name in withheld else ""
-            print(f"{name:<22} {_display(settings, name):<40} [{_source(name, dotenv, saved)}]{note}")
+            print(f"{name:<{name_width}}  {value:<{value_width}}  [{_source(name, dotenv, saved)}]{note}")
         return 0
     name = _field(args.key)
     if args.action == "get":

@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.tree import Tree
 
-from fleet_rlm.core.views import lineage_line, lineage_of
+from fleet_rlm.cli.common import plural
+from fleet_rlm.core.views import cache_note, lineage_line, lineage_of
 
 
 def _short(text: str | None, full: bool, limit: int = 400) -> str:
@@ -25,7 +26,9 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
         if lm.get("replayed"):
             head += " [dim](answered from the record)[/dim]"
         elif lm:
-            head += f" [dim]({lm.get('model')}, {tokens:,} tokens, {lm.get('latency') or 0:.2f}s)[/dim]"
+            cached = cache_note(lm).removeprefix(" · ")
+            head += f" [dim]({lm.get('model')}, {tokens:,} tokens, {cached + ', ' if cached else ''}"
+            head += f"{lm.get('latency') or 0:.2f}s)[/dim]"
         if step.get("submitted"):
             head += " [green]SUBMIT[/green]"
         branch = tree.add(head)
@@ -40,7 +43,7 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
                 + escape(_short(step["output"], full, 800))
             )
         if step["subcalls"]:
-            calls = branch.add(f"[magenta]{len(step['subcalls'])} sub-queries[/magenta]")
+            calls = branch.add(f"[magenta]{plural(len(step['subcalls']), 'sub-query', 'sub-queries')}[/magenta]")
             for call in step["subcalls"]:
                 outcome = call.get("error") or call.get("response_preview") or ""
                 calls.add(
@@ -64,8 +67,10 @@ def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Cons
     run = trace["run"]
     usage = (run.get("usage") or {}).get("total") or {}
     title = (
-        f"[bold]run {row.id}[/bold] · {row.status} · {row.iterations} steps · {row.llm_calls} model calls"
+        f"[bold]run {row.id}[/bold] · {row.status} · {plural(row.iterations, 'step')}"
+        f" · {plural(row.llm_calls, 'model call')}"
         f" · {int((usage.get('prompt_tokens') or 0) + (usage.get('completion_tokens') or 0)):,} tokens"
+        f"{escape(cache_note(usage))}"
     )
     tree = Tree(title)
     tree.add("[bold]question[/bold] " + escape(_short(row.question, full)))

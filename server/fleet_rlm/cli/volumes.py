@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleet_rlm.cli.common import print_json
+from fleet_rlm.cli.common import plural, print_json
 from fleet_rlm.core.errors import NotFound, UserError
 
 LIST_HINT = "`fleet-rlm volumes ls` lists the volumes"
@@ -86,7 +86,8 @@ def _ls(volumes: Any, args: argparse.Namespace) -> int:
         for v in rows:
             share = max(v["bytes"] / v["quota_bytes"], v["files"] / v["max_files"])
             print(
-                f"{v['name']:<24} {v['files']:>7,} entries {v['bytes']:>14,} bytes  {share:>4.0%} of quota "
+                f"{v['name']:<24} {plural(v['files'], 'entry', 'entries'):>15} {plural(v['bytes'], 'byte'):>20}"
+                f"  {share:>4.0%} of quota "
                 f"({human(v['quota_bytes'])}, {v['max_files']:,} entries)"
             )
         return 0

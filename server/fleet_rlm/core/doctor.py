@@ -7,6 +7,7 @@ from typing import Any
 
 from fleet_rlm import config as cfg
 from fleet_rlm.core.errors import FleetError
+from fleet_rlm.core.telemetry import telemetry_check
 
 _FIX = "change what the detail names, then run doctor again"
 
@@ -77,6 +78,7 @@ async def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[s
                           "fix": "give each key again for its model's endpoint, or point the model back"}  # fmt: skip
     report["store"] = {"ok": True, "detail": str(settings.store_path), "exists": settings.store_path.exists()}
     report["git"] = _check_git()
+    report["otel"] = telemetry_check(settings)
     return report
 
 

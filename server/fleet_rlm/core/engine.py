@@ -28,6 +28,7 @@ from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
+from fleet_rlm.core.telemetry import Telemetry, start_telemetry
 from fleet_rlm.core.types import Event, RunRequest, RunResult
 from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
@@ -92,12 +93,14 @@ class Engine:
         self._reaper: asyncio.Task[None] | None = None
         self._workspace: Workspace | None = None
         self._preflight = asyncio.Lock()
+        self._telemetry: Telemetry | None = None
 
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
         self.store = Store(self.settings.store_path)
         self._workspace = Workspace(self.store, self.volumes)
         self.bus = EventBus(self.store)
+        self._telemetry = start_telemetry(self.settings, self.store)  # None unless OpenTelemetry export is on
         interrupted = self.store.mark_interrupted()
         if interrupted:
             log.warning("marked %d run(s) interrupted: their process stopped", len(interrupted))
@@ -134,6 +137,9 @@ class Engine:
             # Commits every queued event and row update, then stops the writer thread.
             await asyncio.to_thread(self.store.close)
             self.store = None
+        if self._telemetry:  # after the store: every committed event has reached it
+            await asyncio.to_thread(self._telemetry.close)
+            self._telemetry = None
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -233,7 +239,7 @@ class Engine:
         """Run a finished run again against the current code in a fresh sandbox, every model call answered
         from its record (none made, nothing paid); returns the replay's run id at once. ``wait`` for it,
         then ``workspace.replay_report(id)`` says where it parted from the record (docs/replay.md)."""
-        return await self._rerun(*plan_replay(self._require_store(), run_id))
+        return await self._rerun(*plan_replay(self._require_store(), self.workspace.resolve_run(run_id)))
 
     async def fork(
         self,
@@ -247,7 +253,7 @@ class Engine:
         """A new run that replays ``run_id``'s steps before ``at`` ("3", "root:3", "root.1:2") from its
         record, runs ``code`` at that step (or asks the model, with ``instruction`` added to its transcript)
         and goes on live to its end; returns its id at once. It records its parent and fork step."""
-        store = self._require_store()
+        store, run_id = self._require_store(), self.workspace.resolve_run(run_id)
         return await self._rerun(*plan_fork(store, run_id, at, code=code, instruction=instruction, max_iters=max_iters))
 
     async def _rerun(self, req: RunRequest, rerun: Rerun) -> str:
@@ -288,6 +294,7 @@ class Engine:
         return await self.wait(await self.start_run(req))
 
     async def wait(self, run_id: str) -> RunResult:
+        run_id = self.workspace.resolve_run(run_id)
         task = self._tasks.get(run_id)
         if task is not None:
             await asyncio.shield(task)
@@ -295,7 +302,7 @@ class Engine:
 
     async def cancel(self, run_id: str) -> bool:
         """Stop a run of this process; its sandbox work stops and it is recorded as cancelled."""
-        task = self._tasks.get(run_id)
+        task = self._tasks.get(run_id) or self._tasks.get(self.workspace.resolve_run(run_id))
         if task is None or task.done():
             return False
         task.cancel()

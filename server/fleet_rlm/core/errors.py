@@ -36,6 +36,11 @@ class NotFound(UserError, KeyError):
         return self.message
 
 
+class RunNotFound(NotFound):
+    """No run matches the id (or ``last``, or part of an id) given. The message names no face's
+    command: each face adds where its user lists runs (CLI `fleet-rlm runs`, MCP list_runs)."""
+
+
 class Conflict(UserError):
     """The request clashes with the current state (a closed session, a run already finished)."""
 

@@ -34,6 +34,7 @@ from dspy.utils.exceptions import (
 from fleet_rlm.config import ROLE_FIELDS, ConfigError, Role, Settings, env_name, key_for, role_model_and_base
 from fleet_rlm.core import tape
 from fleet_rlm.core.errors import FleetError, Unavailable, UserError
+from fleet_rlm.core.program import STEP_HEADER
 from fleet_rlm.redaction import redact_text
 
 T = TypeVar("T")
@@ -49,6 +50,12 @@ class CallUsage:
     cost: float | None = None
     latency: float = 0.0
     replayed: bool = False  # answered from a run's record (core.tape): no model was called, nothing paid
+    cached_tokens: int = 0  # prompt tokens the provider read from its prompt cache (part of prompt_tokens)
+    cache_write_tokens: int = 0  # prompt tokens written to it (Anthropic bills these above the input rate)
+    saved: float = 0.0  # USD the cache saved against pricing every prompt token at the input rate
+
+
+TOTALS = ("calls", "prompt_tokens", "completion_tokens", "cost", "cached_tokens", "cache_write_tokens", "saved")
 
 
 @dataclass
@@ -59,13 +66,14 @@ class Usage:
     sandbox: dict[str, float] = field(default_factory=dict)  # remote sandbox time and its cost, when billed
 
     def add(self, call: CallUsage) -> None:
-        slot = self.by_model.setdefault(
-            call.model, {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost": 0.0}
-        )
+        slot = self.by_model.setdefault(call.model, dict.fromkeys(TOTALS, 0) | {"cost": 0.0, "saved": 0.0})
         slot["calls"] += 1
         slot["prompt_tokens"] += call.prompt_tokens
         slot["completion_tokens"] += call.completion_tokens
         slot["cost"] += call.cost or 0.0
+        slot["cached_tokens"] += call.cached_tokens
+        slot["cache_write_tokens"] += call.cache_write_tokens
+        slot["saved"] += call.saved
 
     def add_sandbox(self, seconds: float, cost: float) -> None:
         self.sandbox["seconds"] = self.sandbox.get("seconds", 0.0) + seconds
@@ -80,10 +88,7 @@ class Usage:
         return int(sum(s["prompt_tokens"] + s["completion_tokens"] for s in self.by_model.values()))
 
     def to_dict(self) -> dict[str, Any]:
-        totals = {
-            key: sum(s[key] for s in self.by_model.values())
-            for key in ("calls", "prompt_tokens", "completion_tokens", "cost")
-        }
+        totals = {key: sum(s[key] for s in self.by_model.values()) for key in TOTALS}
         if not self.sandbox:
             return {"total": totals, "by_model": self.by_model}
         sandbox = {"seconds": round(self.sandbox["seconds"], 3), "cost": round(self.sandbox["cost"], 6)}
@@ -102,27 +107,104 @@ class MeteredLM(dspy.LM):
     preflight_ok = False  # set by ``preflight`` once the model was found; LMs live as long as their engine
     key_note: str | None = None  # why a configured key was not sent to this endpoint (``config.key_for``)
     price: tuple[float, float] | None = None  # USD per prompt and per reply token set for this model
+    mark_cache: bool = False  # mark the transcript's stable prefix cacheable (Anthropic models, FLEET_PROMPT_CACHE)
 
     def update_history(self, entry: dict[str, Any]) -> None:
+        tokens = entry.get("usage") or {}
+        entry["cached_tokens"], entry["cache_write_tokens"] = cache_figures(tokens)
         if self.price is not None:  # the user's price wins over LiteLLM's cost map (none for local models)
-            tokens = entry.get("usage") or {}
             prompt, reply = int(tokens.get("prompt_tokens") or 0), int(tokens.get("completion_tokens") or 0)
-            entry["cost"] = prompt * self.price[0] + reply * self.price[1]
+            entry["cost"] = prompt * self.price[0] + reply * self.price[1]  # cached tokens too: one input price
+            entry["saved"] = 0.0
+        else:
+            entry["saved"] = cache_saving(self.model, entry["cached_tokens"], entry["cache_write_tokens"])
         sink = _sink.get()
         if sink is not None:
             sink.append(entry)
 
-    # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape).
+    # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape), keyed
+    # by the messages as the program wrote them: the cache marks only go on the wire.
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        live = functools.partial(super().__call__, prompt, messages=messages, **kwargs)
+        live = functools.partial(super().__call__, prompt, messages=self._on_wire(messages), **kwargs)
         return tape.call(prompt, messages, live, usage_records(), self._explain)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        live = functools.partial(super().acall, prompt, messages=messages, **kwargs)
+        live = functools.partial(super().acall, prompt, messages=self._on_wire(messages), **kwargs)
         return await tape.acall(prompt, messages, live, usage_records(), self._explain)
+
+    def _on_wire(self, messages: Any) -> Any:
+        return mark_cacheable(messages) if self.mark_cache and messages else messages
 
     def _explain(self, exc: Exception) -> str:
         return explain_lm_error(exc, self)
+
+
+def _detail(holder: Any, name: str) -> Any:
+    """A usage field, from a dict or from LiteLLM's usage objects alike."""
+    return holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
+
+
+def cache_figures(tokens: Any) -> tuple[int, int]:
+    """(read from, written to) the provider's prompt cache, in prompt tokens, however it reported them:
+    OpenAI's and Gemini's ``prompt_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens``
+    and ``cache_creation_input_tokens`` (LiteLLM keeps both forms; dspy's native engine the first)."""
+    details = _detail(tokens, "prompt_tokens_details") or {}
+    read = _detail(details, "cached_tokens") or _detail(tokens, "cache_read_input_tokens")
+    written = _detail(details, "cache_creation_tokens") or _detail(tokens, "cache_creation_input_tokens")
+    return int(read or 0), int(written or 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_rates(model: str) -> tuple[float, float, float] | None:
+    """USD per input token, per cache-read token and per cache-write token in LiteLLM's cost map; a cache
+    rate it lacks is the input rate (nothing saved). None: the model has no price there."""
+    import litellm
+
+    try:
+        info = litellm.get_model_info(model)
+    except Exception:  # not in the map
+        return None
+    base = info.get("input_cost_per_token")
+    if not base:
+        return None
+    read = info.get("cache_read_input_token_cost")
+    written = info.get("cache_creation_input_token_cost")
+    return float(base), float(base if read is None else read), float(base if written is None else written)
+
+
+def cache_saving(model: str, read: int, written: int) -> float:
+    """USD the prompt cache saved on one call: its cached tokens priced at the input rate, less what they
+    cost; Anthropic's cache writes cost more than input, so a call that only writes saves a negative sum."""
+    rates = _cache_rates(model) if read or written else None
+    if rates is None:
+        return 0.0
+    base, read_rate, write_rate = rates
+    return read * (base - read_rate) + written * (base - write_rate)
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]] | None:
+    """A message's content as text blocks split at each transcript step, or None when it is not plain text."""
+    if not isinstance(content, str):
+        return None
+    pieces = content.split(STEP_HEADER)
+    texts = pieces[:1] + [STEP_HEADER + piece for piece in pieces[1:]]
+    return [{"type": "text", "text": text} for text in texts if text]
+
+
+def mark_cacheable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with Anthropic's cache mark at the end of the transcript's stable part: the last user
+    message is split into one block per step and the block before the last is marked. The transcript only
+    grows at its end, so the next call repeats that block verbatim and Anthropic, which matches cached
+    prefixes at block boundaries, reads everything up to it from the cache. The first step has no stable
+    block yet and goes unmarked."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last is None:
+        return messages
+    blocks = _text_blocks(messages[last].get("content"))
+    if not blocks or len(blocks) < 2:
+        return messages
+    blocks[-2]["cache_control"] = {"type": "ephemeral"}
+    return [*messages[:last], {**messages[last], "content": blocks}, *messages[last + 1 :]]
 
 
 def usage_records() -> list[dict[str, Any]] | None:
@@ -169,6 +251,9 @@ def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
         tokens = rec.get("usage") or {}
         usage.prompt_tokens += int(tokens.get("prompt_tokens") or 0)
         usage.completion_tokens += int(tokens.get("completion_tokens") or 0)
+        usage.cached_tokens += int(rec.get("cached_tokens") or 0)
+        usage.cache_write_tokens += int(rec.get("cache_write_tokens") or 0)
+        usage.saved += float(rec.get("saved") or 0.0)
         cost += float(rec.get("cost") or 0.0)
     usage.cost = cost or None
     return usage
@@ -228,7 +313,18 @@ def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
         raise ConfigError(redact_text(f"{model} cannot be used with these settings{blame}: {exc}")) from None
     lm.key_note = key.note
     lm.price = _price(settings, role)
+    lm.mark_cache = settings.prompt_cache and role == "root" and _is_anthropic(model)
     return lm
+
+
+def _is_anthropic(model: str) -> bool:
+    """Whether LiteLLM sends ``model`` to Anthropic's API, the one that caches by marks on message blocks."""
+    import litellm
+
+    try:
+        return bool(litellm.get_llm_provider(model)[1] == "anthropic")
+    except Exception:  # not routable: _check_model_name has said so already
+        return False
 
 
 PRICE_PREFIX: dict[Role, str] = {"root": "lm", "sub": "sub_lm"}  # the agent's own calls are not metered

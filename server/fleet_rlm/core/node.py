@@ -332,13 +332,25 @@ def usage_fields(usage: CallUsage | None) -> dict[str, Any]:
     """The per-call usage an event carries."""
     if usage is None:
         return {}
-    return {
-        "model": usage.model,
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cost": usage.cost,
-        "latency": round(usage.latency, 4),
-    } | ({"replayed": True} if usage.replayed else {})
+    return (
+        {
+            "model": usage.model,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cost": usage.cost,
+            "latency": round(usage.latency, 4),
+        }
+        | ({"replayed": True} if usage.replayed else {})
+        | _cache_fields(usage)
+    )
+
+
+def _cache_fields(usage: CallUsage) -> dict[str, Any]:
+    """The prompt-cache figures of a call, only when the provider reported some (most local servers never do)."""
+    if not (usage.cached_tokens or usage.cache_write_tokens):
+        return {}
+    written = {"cache_write_tokens": usage.cache_write_tokens} if usage.cache_write_tokens else {}
+    return {"cached_tokens": usage.cached_tokens, **written, "saved": round(usage.saved, 8)}
 
 
 def _require_text(value: Any) -> str:

@@ -87,9 +87,12 @@ class NodeResult:
     steps: list[Step] = field(default_factory=list)
 
 
+STEP_HEADER = "\n\n=== Step "  # opens each step in the transcript; core.lm marks prompt-cache breaks at it
+
+
 def render_step(number: int, step: Step, shown: str) -> str:
     """One step as the transcript shows it: what was written, then what the REPL showed."""
-    return f"\n\n=== Step {number} ===\nReasoning: {step.reasoning}\nCode:\n{step.code}\nOutput:\n{shown}"
+    return f"{STEP_HEADER}{number} ===\nReasoning: {step.reasoning}\nCode:\n{step.code}\nOutput:\n{shown}"
 
 
 def render_transcript(steps: list[Step], observation: str) -> str:

@@ -122,7 +122,7 @@ def fork_point(run_id: str, records: list[Record], at: str, *, code: str | None,
 def _recorded(store: Store, run_id: str) -> tuple[RunRecord, list[Record]]:
     source = store.get_run(run_id)
     if source is None:
-        raise NotFound(f"no run '{run_id}': list recent runs with `fleet-rlm runs` (MCP: list_runs)")
+        raise NotFound(f"no run '{run_id}': list recent runs with `fleet-rlm runs`")
     if source.kind == "optimize":
         raise UserError(f"'{run_id}' is an optimization, not a run: replay or fork one of its runs instead")
     if source.status in ACTIVE_STATUSES:

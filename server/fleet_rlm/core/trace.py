@@ -53,7 +53,7 @@ def build_trace(events: Sequence[Event]) -> dict[str, Any]:
             step["reasoning"] = data.get("reasoning")
             step["lm"] = {k: data.get(k) for k in
                           ("model", "predictor", "reply_form", "prompt_tokens", "completion_tokens", "cost",
-                           "latency", "replayed")}
+                           "latency", "replayed", "cached_tokens", "cache_write_tokens", "saved")}
         elif kind == "code.executed":
             step = _step(node, data.get("step", 0))
             step.update({k: data.get(k) for k in ("code", "output", "error", "error_kind", "duration")})

@@ -104,6 +104,9 @@ class Usage(TypedDict, total=False):
     cost: float | None
     latency: float
     replayed: bool  # answered from a run's record (a replay, a fork's first steps): no model was called
+    cached_tokens: int  # of prompt_tokens, read from the provider's prompt cache (only when it reported a cache)
+    cache_write_tokens: int  # of prompt_tokens, written to it (Anthropic; only when some were)
+    saved: float  # USD the cache saved against the input rate (negative: a write's premium), LiteLLM's rates
 
 
 class Lineage(TypedDict):

@@ -184,6 +184,16 @@ def total_tokens(usage: dict[str, Any]) -> int:
     return int((total.get("prompt_tokens") or 0) + (total.get("completion_tokens") or 0))
 
 
+def cache_note(counts: dict[str, Any]) -> str:
+    """The prompt cache's part in one call's or a run's total counts, as " · 62% of prompt cached, $0.0012
+    saved"; empty when the provider read none of the prompt from its cache."""
+    cached, prompt = counts.get("cached_tokens") or 0, counts.get("prompt_tokens") or 0
+    if not cached or not prompt:
+        return ""
+    saved = counts.get("saved") or 0.0
+    return f" · {cached / prompt:.0%} of prompt cached" + (f", ${saved:.4f} saved" if saved else "")
+
+
 class Feedback(BaseModel):
     """A person's judgement of a run's answer, kept for optimization."""
 

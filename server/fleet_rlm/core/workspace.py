@@ -7,11 +7,12 @@ and answers its read calls through it, so both paths say the same thing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
-from fleet_rlm.core.errors import NotFound, UserError
+from fleet_rlm.core.errors import RunNotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport, replay_report
 from fleet_rlm.core.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
 from fleet_rlm.store import RunRecord, Store
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from fleet_rlm.config import Settings
 
 EXPORT_PAGE = 1000
+MIN_ID_PART = 4  # hex characters of an id that refer to a run (after its kind letter, for a prefix)
+_LAST = re.compile(r"last(?:~(\d+))?")
 MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the caller
 
 
@@ -47,15 +50,39 @@ class Workspace:
 
     # -- runs ---------------------------------------------------------------------------------
 
+    def resolve_run(self, ref: str) -> str:
+        """The full id of the run ``ref`` names: its id, ``last`` (the newest run), ``last~N`` (the N-th
+        before it), or a unique start or end of its id. Every face takes run ids through here."""
+        if self.store.run_exists(ref):
+            return ref
+        if last := _LAST.fullmatch(ref):
+            return self._newest_run(int(last.group(1) or 0), ref)
+        if len(ref) < MIN_ID_PART:
+            raise RunNotFound(f"no run '{ref}': give at least {MIN_ID_PART} characters of its id, or last")
+        found = self.store.run_ids_matching(ref, prefix=len(ref) > MIN_ID_PART)
+        if not found:
+            raise RunNotFound(f"no run '{ref}'")
+        if len(found) > 1:
+            raise UserError(f"'{ref}' matches more than one run, e.g. {' and '.join(found)}: give more characters")
+        return found[0]
+
+    def _newest_run(self, back: int, ref: str) -> str:
+        rows = self.store.list_runs(limit=1, offset=back, kind="run")
+        if not rows:
+            raise RunNotFound(f"no run '{ref}': there are fewer than {back + 1} runs")
+        return rows[0].id
+
     def run(self, run_id: str) -> RunRecord:
-        """The run's row; NotFound names the fix."""
-        row = self.store.get_run(run_id)
-        if row is None:
-            raise NotFound(f"no run '{run_id}': list recent runs with `fleet-rlm runs` (MCP: list_runs)")
+        """The run's row (``run_id`` may be any reference ``resolve_run`` takes); NotFound names the fix."""
+        full_id = self.resolve_run(run_id)
+        row = self.store.get_run(full_id)
+        if row is None:  # deleted just now
+            raise RunNotFound(f"no run '{full_id}'")
         return row
 
     def run_state(self, run_id: str) -> views.RunState:
-        return views.run_state(self.run(run_id), self.store.events(run_id))
+        row = self.run(run_id)
+        return views.run_state(row, self.store.events(row.id))
 
     def run_result(self, run_id: str) -> RunResult:
         return views.run_result(self.run(run_id))
@@ -64,9 +91,9 @@ class Workspace:
         """How a replay compares with the run it replays, step by step (docs/replay.md)."""
         row = self.run(run_id)
         if row.kind != "replay" or row.parent_run_id is None:
-            raise UserError(f"run '{run_id}' is not a replay: `fleet-rlm replay {run_id}` replays it")
+            raise UserError(f"run '{row.id}' is not a replay: `fleet-rlm replay {row.id}` replays it")
         source = self.run(row.parent_run_id)
-        return replay_report(row, self.store.events(run_id), source, self.store.events(source.id))
+        return replay_report(row, self.store.events(row.id), source, self.store.events(source.id))
 
     def finished_runs_since(self, since: float, limit: int = 1000) -> list[str]:
         """Ids of people's runs created since ``since`` that have ended, oldest first: what a regression
@@ -105,9 +132,9 @@ class Workspace:
 
     def export(self, run_id: str) -> Iterator[Event]:
         """Every event of a run in seq order, read a page at a time (a long run can be big)."""
-        self.run(run_id)
+        full_id = self.resolve_run(run_id)
         after = 0
-        while page := self.store.events(run_id, after_seq=after, limit=EXPORT_PAGE):
+        while page := self.store.events(full_id, after_seq=after, limit=EXPORT_PAGE):
             yield from page
             after = page[-1]["seq"]
 
@@ -115,8 +142,7 @@ class Workspace:
         """The whole run as a tree (see ``core.trace``)."""
         from fleet_rlm.core.trace import build_trace
 
-        self.run(run_id)
-        return build_trace(self.store.events(run_id))
+        return build_trace(self.store.events(self.resolve_run(run_id)))
 
     def trace_page(
         self,
@@ -128,22 +154,22 @@ class Workspace:
         offset: int = 0,
         limit: int = 20,
     ) -> views.TraceView:
-        self.run(run_id)
-        events = self.store.events(run_id)
-        return views.trace_page(run_id, events, node=node, step=step, detail=detail, offset=offset, limit=limit)
+        full_id = self.resolve_run(run_id)
+        events = self.store.events(full_id)
+        return views.trace_page(full_id, events, node=node, step=step, detail=detail, offset=offset, limit=limit)
 
     # -- feedback -----------------------------------------------------------------------------
 
     def feedback(self, run_id: str) -> list[views.Feedback]:
         """Judgements of the run's answer, oldest first (the optimizer's training signal)."""
-        self.run(run_id)
-        return [views.Feedback.model_validate(row) for row in self.store.feedback(run_id)]
+        full_id = self.resolve_run(run_id)
+        return [views.Feedback.model_validate(row) for row in self.store.feedback(full_id)]
 
     async def add_feedback(
         self, run_id: str, correct: bool, expected: str | None = None, comment: str | None = None
     ) -> views.Feedback:
-        self.run(run_id)
-        row = await self.store.write(self.store.add_feedback, run_id, correct, expected, comment)
+        full_id = self.resolve_run(run_id)
+        row = await self.store.write(self.store.add_feedback, full_id, correct, expected, comment)
         return views.Feedback.model_validate(row)
 
     # -- volumes ------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(args.transport, host=args.host, port=args.port, allow_remote=args.allow_remote, no_auth=args.no_auth)
     except (ValueError, OSError) as exc:  # BindError, a bad FLEET_MCP_MAX_SESSIONS, a port in use
-        print(f"fleet-mcp: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

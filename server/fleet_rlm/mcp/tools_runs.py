@@ -79,7 +79,13 @@ MaxDepth = Annotated[int | None, MAX_DEPTH]
 MaxCalls = Annotated[int | None, MAX_LLM_CALLS]
 MaxSeconds = Annotated[float | None, MAX_SECONDS]
 MaxCost = Annotated[float | None, MAX_COST]
-RunId = Annotated[str, Field(min_length=1, description="A run id, as returned by run or start_run.")]
+RunId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="A run id as returned by run or start_run, a unique start or end of one, or last / last~N.",
+    ),
+]
 
 RUN_DESCRIPTION = """\
 Answer a question over inputs too large for your context window: long documents, big logs,
@@ -228,6 +234,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         eng = await engine()
         with user_errors():
             rec = eng.workspace.run(run_id)
+        run_id = rec.id
         if rec.status not in ACTIVE_STATUSES:
             return CancelOutput(
                 run_id=run_id,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from mcp.server.mcpserver.exceptions import ToolError
 
-from fleet_rlm.core.errors import FleetError
+from fleet_rlm.core.errors import FleetError, RunNotFound
 from fleet_rlm.mcp.models import RunOutput, RunState, trace_uri
 from fleet_rlm.redaction import redact_text
 
@@ -28,7 +28,8 @@ def user_errors() -> Iterator[None]:
     except ToolError:
         raise
     except FleetError as exc:
-        raise ToolError(redact_text(exc.message)) from exc
+        hint = " (list_runs lists recent ones)" if isinstance(exc, RunNotFound) else ""
+        raise ToolError(redact_text(exc.message) + hint) from exc
 
 
 def run_output(result: RunResult) -> RunOutput:
@@ -38,4 +39,4 @@ def run_output(result: RunResult) -> RunOutput:
 def run_state(workspace: Workspace, run_id: str) -> RunState:
     """NotFound (a FleetError) when there is no such run."""
     state = workspace.run_state(run_id)
-    return RunState(**state.model_dump(), trace_uri=trace_uri(run_id))
+    return RunState(**state.model_dump(), trace_uri=trace_uri(state.run_id))

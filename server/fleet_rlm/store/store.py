@@ -339,12 +339,13 @@ class Store(OptimizeTables, AgentTables, RecordTables):
         sql += " ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
         return [_run_from_row(r) for r in self._read(sql, (*params, limit, offset))]
 
-    def run_ids_matching(self, part: str, *, prefix: bool, suffix: bool, limit: int = 2) -> list[str]:
-        """Ids of runs (every kind) that start and/or end with ``part``, newest first; ``limit``
-        2 is enough to tell one match from several."""
-        patterns = ([f"{_like_literal(part)}%"] if prefix else []) + ([f"%{_like_literal(part)}"] if suffix else [])
-        if not patterns:
-            return []
+    def run_exists(self, run_id: str) -> bool:
+        return bool(self._read("SELECT 1 FROM runs WHERE id = ?", (run_id,)))
+
+    def run_ids_matching(self, part: str, *, prefix: bool, limit: int = 2) -> list[str]:
+        """Ids of runs (every kind) that end with ``part`` (or start with it, if ``prefix``), newest
+        first; ``limit`` 2 is enough to tell one match from several."""
+        patterns = [f"%{_like_literal(part)}"] + ([f"{_like_literal(part)}%"] if prefix else [])
         where = " OR ".join(["id LIKE ? ESCAPE '\\'"] * len(patterns))
         sql = f"SELECT id FROM runs WHERE {where} ORDER BY created_at DESC, id DESC LIMIT ?"
         return [r[0] for r in self._read(sql, (*patterns, limit))]

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive
 
-from fleet_rlm.core import housekeeping, uploads, views
+from fleet_rlm.core import housekeeping, html_export, uploads, views
 from fleet_rlm.core.errors import NotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport
 from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest
@@ -60,7 +60,8 @@ async def get_run(call: Call) -> views.RunState:
             status=204, errors=(400, 404, 409))  # fmt: skip
 async def delete_run(call: Call) -> None:
     engine = call.engine
-    await asyncio.to_thread(housekeeping.delete_run, engine.workspace.store, engine.settings, call.path["run_id"])
+    run_id = engine.workspace.resolve_run(call.path["run_id"])
+    await asyncio.to_thread(housekeeping.delete_run, engine.workspace.store, engine.settings, run_id)
 
 
 @routes.add("POST", "/api/runs/{run_id}/replay", "Replay a finished run from its record (no model calls)",
@@ -88,8 +89,9 @@ async def fork_run(call: Call) -> m.RunStarted:
 
 @routes.add("POST", "/api/runs/{run_id}/cancel", "Stop a run of this server", response=m.CancelResult)
 async def cancel_run(call: Call) -> m.CancelResult:
-    run_id, ws = call.path["run_id"], call.engine.workspace
-    row = ws.run(run_id)
+    ws = call.engine.workspace
+    row = ws.run(call.path["run_id"])
+    run_id = row.id
     if row.status not in ACTIVE_STATUSES:
         message = f"the run already ended ({row.status})"
         return m.CancelResult(run_id=run_id, cancelled=False, status=row.status, message=message)  # type: ignore[arg-type]
@@ -119,8 +121,8 @@ async def tree(call: Call) -> dict[str, object]:
 @routes.add("GET", "/api/runs/{run_id}/export", "Every event of the run as JSON lines",
             media_type="application/x-ndjson")  # fmt: skip
 async def export(call: Call) -> StreamingResponse:
-    run_id, ws = call.path["run_id"], call.engine.workspace
-    ws.run(run_id)  # a 404 before the stream starts
+    ws = call.engine.workspace
+    run_id = ws.resolve_run(call.path["run_id"])  # a 404 before the stream starts
 
     def lines() -> Iterator[str]:  # a sync iterator: Starlette reads it off the event loop
         for event in ws.export(run_id):
@@ -128,6 +130,16 @@ async def export(call: Call) -> StreamingResponse:
 
     disposition = f'attachment; filename="{run_id}.jsonl"'
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"content-disposition": disposition})
+
+
+@routes.add("GET", "/api/runs/{run_id}/export.html", "The run as one self-contained HTML page (works offline)",
+            media_type="text/html")  # fmt: skip
+async def export_html(call: Call) -> Response:
+    ws = call.engine.workspace
+    row = ws.run(call.path["run_id"])
+    page = await asyncio.to_thread(lambda: html_export.run_html(row.id, ws.events(row.id)))  # off the event loop
+    disposition = f'attachment; filename="{row.id}.html"'  # a download: never rendered in the app's origin
+    return Response(page.html, media_type="text/html; charset=utf-8", headers={"content-disposition": disposition})
 
 
 @routes.add("GET", "/api/runs/{run_id}/events", "The run's events as Server-Sent Events (resumable)",

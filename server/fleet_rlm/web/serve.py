@@ -78,7 +78,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     try:
         serve(args.host, args.port, open_browser=not args.no_open, allow_remote=args.allow_remote)
     except (BindError, OSError, ValueError) as exc:
-        print(f"fleet web: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

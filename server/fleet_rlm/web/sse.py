@@ -35,8 +35,7 @@ def resume_point(call: Call) -> int:
 
 
 async def stream_events(call: Call) -> EventSourceResponse:
-    run_id = call.path["run_id"]
-    call.engine.workspace.run(run_id)  # an unknown run is a 404 before the stream starts
+    run_id = call.engine.workspace.resolve_run(call.path["run_id"])  # an unknown run: a 404 before the stream
     after = resume_point(call)
     engine = call.engine
 

@@ -6,7 +6,7 @@ import { api, followRun } from "../api.js";
 import { badge, confirmDialog, downloadLink, errorBox, field, fmtInt, fmtSeconds, fmtTime, h, replace, toast } from "../dom.js";
 import { lineageLine, openForkEditor, replayButton } from "../fork.js";
 import { renderTimeline } from "../timeline.js";
-import { TraceModel, TraceTree, answerBlock, usageTable } from "../trace.js";
+import { TraceModel, TraceTree, answerBlock, cacheNote, usageTable } from "../trace.js";
 
 /** Accessible tabs: arrow keys move between them; `onSelect(name)` on every change. */
 function tabs(panels, onSelect) {
@@ -121,7 +121,7 @@ export function renderInspector(main, { id }) {
     const tokens = ((s.usage.total || {}).prompt_tokens || 0) + ((s.usage.total || {}).completion_tokens || 0);
     replace(meta, [["Started", fmtTime(s.started_at || s.created_at)], ["Time", fmtSeconds(s.seconds)],
       ["Steps", fmtInt(s.iterations)], ["Model calls", fmtInt(s.llm_calls)], ["Tokens", fmtInt(tokens || s.progress.tokens)],
-      ["Session", s.session_id || "–"]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
+      ["Prompt cache", cacheNote(s.usage.total) || "–"], ["Session", s.session_id || "–"]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
     replace(usage, usageTable(s.usage));
     if (!active) replace(answer, answerBlock(s));
   };
@@ -141,6 +141,8 @@ export function renderInspector(main, { id }) {
   replace(main, heading,
     h("div", { class: "run-head" }, statusSlot, stop, replay, connection,
       downloadLink(`/api/runs/${rid}/export`, `${id}.ndjson`, "Export", { class: "button secondary small" }),
+      downloadLink(`/api/runs/${rid}/export.html`, `${id}.html`, "HTML",
+        { class: "button secondary small", title: "The run as one page to share: opens offline, secrets masked" }),
       del, h("a", { href: "#/runs" }, "All runs")),
     lineage, meta, answer, view,
     h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Tokens and cost"), usage),

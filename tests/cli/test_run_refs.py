@@ -1,0 +1,65 @@
+"""Referring to a run on the command line: `last`, `last~N`, a unique start or end of its id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli import cli
+from tests.support.run_refs import MIDDLE, NEWEST, OLDEST, seed_runs
+
+
+@pytest.fixture
+def seeded(fleet_env: dict[str, str]) -> dict[str, str]:
+    seed_runs(Path(fleet_env["FLEET_HOME"]))
+    return fleet_env
+
+
+def _traced_question(env: dict[str, str], ref: str) -> str:
+    proc = cli("trace", ref, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return next(line for line in proc.stdout.splitlines() if "question" in line)
+
+
+def _exported_run_ids(env: dict[str, str], ref: str) -> set[str]:
+    proc = cli("export", ref, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return {json.loads(line)["run_id"] for line in proc.stdout.splitlines()}
+
+
+def test_trace_last_and_last_tilde_n(seeded: dict[str, str]) -> None:
+    assert "question 3" in _traced_question(seeded, "last")  # the newest person's run, not the eval after it
+    assert "question 3" in _traced_question(seeded, "last~0")
+    assert "question 2" in _traced_question(seeded, "last~1")
+
+
+def test_export_by_unique_suffix_or_prefix(seeded: dict[str, str]) -> None:
+    assert _exported_run_ids(seeded, "aacafe") == {OLDEST}
+    assert _exported_run_ids(seeded, NEWEST[:13]) == {NEWEST}
+    assert _exported_run_ids(seeded, "last~1") == {MIDDLE}
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("cafe", f"error: 'cafe' matches more than one run, e.g. {MIDDLE} and {OLDEST}: give more characters"),
+        ("r19a0", "matches more than one run"),
+        ("9999", "error: no run '9999' (`fleet-rlm runs` lists recent ones)"),
+        ("last~7", "error: no run 'last~7': there are fewer than 8 runs"),
+        ("abc", "give at least 4 characters"),
+    ],
+)
+def test_ambiguous_or_unknown_ref_exits_2_with_one_line(seeded: dict[str, str], ref: str, message: str) -> None:
+    proc = cli("trace", ref, env=seeded)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "MCP" not in proc.stderr  # tool names of another face are noise here
+
+
+def test_runs_listing_says_how_to_refer_to_a_run(seeded: dict[str, str]) -> None:
+    proc = cli("runs", env=seeded)
+    assert proc.returncode == 0, proc.stderr
+    assert NEWEST in proc.stdout and OLDEST in proc.stdout
+    assert proc.stderr.count("last / last~N") == 1
