@@ -77,6 +77,7 @@ def test_exported_file_renders_offline_from_file_url(fleet_env: dict, oracle: Or
             first.locator("summary").click()
             expect(first.locator("pre.output")).to_have_text(HOSTILE)  # shown as text, not run as markup
             expect(page.locator("#usage")).to_contain_text("openai/oracle")
+            expect(page.locator("#usage thead")).to_contain_text("of them cached")  # the prompt-cache figures
             expect(page.locator("#timeline svg rect").first).to_be_attached()
             assert page.title().startswith("fleet-rlm run: OFFLINE-EXPORT")
             assert page.locator("img").count() == 0
