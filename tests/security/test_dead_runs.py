@@ -106,7 +106,8 @@ async def test_killed_runs_show_interrupted_at_once_everywhere(
             state = (await client.call_tool("get_run", {"run_id": run_a})).structured_content
             assert state["status"] == "interrupted", state  # type: ignore[index]
             assert state["stop_reason"] == f"the process running it stopped (pid {a.pid})"  # type: ignore[index]
-            assert rows(db)["hang B"]["status"] == "running"  # nobody has looked at B yet
+            # B is not asserted still running here: this server's tail of other processes' runs may
+            # close it out at any moment after the kill (a busy machine showed that race).
 
             # CLI: `runs` opens only the store, and sees B's owner is gone despite the live pid.
             listed = cli_runs(fleet_env)
