@@ -8,8 +8,9 @@ import sys
 from fleet_rlm.core.errors import UserError
 
 INSTALL_HINT = (
-    "install the desktop extra: `uv tool install 'fleet-rlm[desktop]'`, or from a checkout "
-    "`uv run --extra desktop fleet desktop` (docs/desktop.md)"
+    "install the desktop extra: in a checkout, `uv run --extra desktop fleet desktop`, or "
+    "`uv tool install \"fleet-rlm[desktop] @ file://$PWD\"` for the commands on your PATH (docs/desktop.md; "
+    "the name fleet-rlm on PyPI is another project)"
 )
 
 

@@ -54,7 +54,7 @@ def test_without_the_extra_the_command_says_how_to_install_it(
     assert main(["desktop"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: fleet desktop needs webview: install the desktop extra"), err
-    assert "uv tool install 'fleet-rlm[desktop]'" in err[0]
+    assert 'uv tool install "fleet-rlm[desktop] @ file://$PWD"' in err[0] and "uv run --extra desktop" in err[0]
 
 
 def test_help_works_without_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -88,8 +88,9 @@ def test_client_configs() -> None:
     assert "FLEET_LM_API_KEY" not in desktop["env"]
 
 
-DOCS = ["README.md", "docs/mcp.md", "docs/cli.md", "docs/configuration.md", "manifests/manifest.json",
-        "manifests/server.json", "manifests/.mcp.json", "manifests/claude_desktop_config.json"]  # fmt: skip
+DOCS = ["README.md", "docs/mcp.md", "docs/cli.md", "docs/configuration.md", "docs/desktop.md",
+        "manifests/manifest.json", "manifests/server.json", "manifests/.mcp.json",
+        "manifests/claude_desktop_config.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", DOCS)
@@ -97,6 +98,8 @@ def test_no_setup_installs_the_pypi_name(name: str) -> None:
     """`fleet-rlm` on PyPI is another project without `fleet-mcp`: no setup may install it."""
     text = (ROOT / name).read_text(encoding="utf-8")
     assert not re.search(r"uvx\s+(--from\s+)?fleet-rlm|pip install fleet-rlm|\"--from\",\s*\"fleet-rlm\"", text)
+    # the bare name (with or without extras) installs from the package index: always a path or URL with it
+    assert not re.search(r"tool install ['\"]?fleet-rlm(\[[a-z,]+\])?(?![\[\w-])['\"]?(?!\s*@)", text)
 
 
 def test_docs_use_commands_that_exist() -> None:
