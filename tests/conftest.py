@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +14,43 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ["FLEET_NO_KEYRING"] = "1"  # tests never touch the developer's keyring
 
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On a machine that lacks a piece the suite needs, root installs it before any test runs (the
+    README's test command alone then passes on a fresh Debian machine); anyone else is told the one
+    line to run, and the tests that need the piece skip (fail in CI)."""
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return  # xdist workers: the controller has done it
+    absent = prereqs.missing()
+    if not absent:
+        return
+    if os.geteuid() == 0 and not os.environ.get("FLEET_NO_SETUP"):
+        print(f"installing what the tests need ({', '.join(absent)}) with {prereqs.SETUP} ...", file=sys.stderr)
+        subprocess.run([str(prereqs.SETUP)], check=True)
+    else:
+        needs = "the tests that need them skip (fail in CI or as root)"
+        print(f"missing {', '.join(absent)}: {needs}; {prereqs.how_to_install()}", file=sys.stderr)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Most of a test's time is spent waiting on a subprocess, a server or a scripted model's
+    latency, so twice as many workers as cores keeps the cores busy."""
+    return 2 * (os.cpu_count() or 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` each test runs on whichever worker is free, except tests that share
+    one of our module- or session-scoped fixtures (a browser, a served app, the Daytona double): they
+    stay on one worker, so the fixture is built once."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        defs = [d[-1] for d in fixtures.name2fixturedefs.values()] if fixtures else []
+        if any(d.scope != "function" and d.func.__module__.startswith("tests.") for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture

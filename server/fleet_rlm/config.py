@@ -566,6 +566,10 @@ class ConfigError(UserError):
     """A setting is missing or wrong; the message says how to fix it."""
 
 
+class NoModelConfigured(ConfigError):
+    """No model is set: a face whose settings come from elsewhere (an MCP client's config) says where."""
+
+
 def env_name(field: str) -> str:
     if field in ("daytona_api_key", "daytona_api_url", "daytona_target"):  # the Daytona SDK's own variables
         return field.upper()

@@ -90,6 +90,12 @@ def run(self_test: bool, screenshot: Path | None, out: Any = None) -> int:
 
 def cmd_desktop(args: argparse.Namespace) -> int:
     """The ``fleet desktop`` command."""
+    if args.install or args.uninstall:
+        if args.self_test or args.screenshot:
+            raise UserError("--install and --uninstall take no other option: fleet desktop --install")
+        from fleet_shell.launcher import cmd_install
+
+        return cmd_install(remove=args.uninstall)
     if args.screenshot and not args.self_test:
         raise UserError("--screenshot goes with --self-test: fleet desktop --self-test --screenshot shot.png")
     return run(args.self_test, Path(args.screenshot) if args.screenshot else None)

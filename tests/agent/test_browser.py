@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, expect, sync_playwright
 
 from tests.agent.conftest import CODE, MEMORY, memory_file
-from tests.support.agent_lm import AgentLM, Call, Policy
+from tests.support.agent_lm import AgentLM, Call, Policy, Say
 from tests.support.workloads import write_haystack
 from tests.web.conftest import fleet_web
 from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
@@ -104,3 +104,43 @@ def test_a_card_that_cannot_show_its_call_offers_reject_only(
         assert key not in card.inner_text()
         assert ui.errors == [], ui.errors
     assert not (memory_file(agent_env["FLEET_HOME"]).parent / "keys.md").exists()
+
+
+TRACE_ASK = '{"request": "trace the secret code hunt in my attached notes file", "format": "short"}'
+
+
+def test_chat_titles_results_and_attachments_read_as_text(
+    agent_env: dict[str, str], agent_lm: AgentLM, browser: Browser, tmp_path: Path
+) -> None:
+    agent_lm.add(Policy("trace the secret code hunt", [
+        Call("rlm_run", {"question": "Find the secret code in the attached file.", "max_cost": 0.5}),
+        Call("inspect_trace", lambda r: {"run_id": r.json["run_id"]}),
+        Say("Traced."),
+    ]))  # fmt: skip
+    haystack = write_haystack(tmp_path / "notes.txt", 20_000, CODE)
+    with chat_web(agent_env, tmp_path) as login, open_page(browser, None, tmp_path) as ui:  # type: ignore[arg-type]
+        page = ui.page
+        open_chat(page, login)
+        picker = page.get_by_label("Attach files")
+        picker.set_input_files(str(haystack))
+        expect(page.get_by_role("list", name="Files to attach")).to_contain_text("notes.txt")
+        box = picker.bounding_box()  # the browser's own "No file chosen" beside the list is not shown
+        assert box is None or box["width"] <= 1, f"the native file input shows: {box}"
+        page.get_by_role("textbox", name="Message").fill(TRACE_ASK)
+        page.get_by_role("button", name="Send").click()
+        log = page.get_by_role("log", name="Conversation")
+        expect(log).to_contain_text("Traced.", timeout=90_000)
+
+        titles = page.get_by_role("list", name="Conversations").get_by_role("button")
+        expect(titles).to_have_text(["trace the secret code hunt in my attached notes file short"])
+        run_card, trace_card = log.locator(".tool-card").all()
+        result = run_card.locator(".tool-result")
+        expect(result.locator("dt", has_text="answer")).to_be_visible()  # key and value, not JSON
+        expect(result.locator("dt:text-is('answer') + dd")).to_have_text(CODE)
+        assert '{"' not in result.inner_text()
+        long = trace_card.locator(".tool-result details")  # a long result starts collapsed
+        expect(long).not_to_have_attribute("open", "")
+        long.locator("summary").click()
+        expect(long.locator("dt:text-is('steps')")).to_be_visible()
+        ui.page.screenshot(path=str(tmp_path / "chat-results.png"))
+        assert ui.errors == [], ui.errors

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,5 +98,56 @@ def test_ctrl_c_at_the_prompt_keeps_the_chat_until_pressed_twice(fleet_env: dict
         term.expect("press Ctrl-C again", after=mark)
         term.proc.send_signal(signal.SIGINT)
         assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+
+
+def test_agent_chat_has_its_own_banner(fleet_env: dict) -> None:
+    term = Terminal("fleet", "--agent", env=fleet_env)
+    try:
+        term.expect("> ")
+        banner = term.seen[: term.seen.index("> ")]
+        assert "fleet-rlm agent" in banner and "ask about your files" not in banner  # not the plain chat's
+        assert "RLM runs" in banner and "memory" in banner  # what it can do
+        assert "asks you first" in banner and "[y]es" in banner and "/approvals" in banner  # how approvals work
+        term.type("/quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+
+
+def test_ctrl_c_during_a_run_shows_the_cancelled_run_id(fleet_env: dict, oracle: OracleLM) -> None:
+    oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
+    term = Terminal("fleet", env=fleet_env)
+    try:
+        term.expect("> ")
+        term.type("slow one please")
+        term.expect("running code")  # the live line: the step is in the sandbox now
+        term.proc.send_signal(signal.SIGINT)
+        term.expect("[cancelled · run r")
+        run_id = re.search(r"\[cancelled · run (r\w+)\]", term.seen)
+        assert run_id, term.seen[-500:]
+        term.expect("> ", after=term.seen.index("[cancelled"))
+        term.type("/quit")
+        assert term.proc.wait(timeout=60) == 0
+    finally:
+        term.close()
+    runs = subprocess.run([str(BIN / "fleet-rlm"), "runs", "--json"], capture_output=True, text=True,
+                          env={**os.environ, **fleet_env}, timeout=60)  # fmt: skip
+    assert [(r["run_id"], r["status"]) for r in json.loads(runs.stdout)] == [(run_id.group(1), "cancelled")]
+
+
+def test_the_live_clock_keeps_ticking_through_a_batch_of_sub_queries(fleet_env: dict, oracle: OracleLM) -> None:
+    # One sub-query at a time, each a second at the model: the batch takes at least four seconds, and the
+    # clock of what the run waits for must count them, not restart at each answer.
+    oracle.state.latency = 1.0
+    oracle.add(Scenario("fan out", ["print(llm_query_batched(['a', 'b', 'c', 'd']))", "SUBMIT('fanned')"]))
+    term = Terminal("fleet", env={**fleet_env, "FLEET_CONCURRENCY": "1"})
+    try:
+        term.expect("> ")
+        term.type("fan out please")
+        term.expect("[succeeded")
+        clocks = [int(s) for s in re.findall(r"\d/4 sub-queries \((\d+)s\)", term.seen)]
+        assert clocks and max(clocks) >= 2, f"the clock read {sorted(set(clocks))} over a 4 s batch"
     finally:
         term.close()

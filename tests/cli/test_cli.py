@@ -95,6 +95,7 @@ def test_missing_model_is_one_clear_line(fleet_env: dict) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: No model configured") and "Traceback" not in proc.stderr
+    assert "MCP" not in proc.stderr  # the MCP face's hint about client configuration is its own
 
 
 def test_volumes_roundtrip(fleet_env: dict, tmp_path: Path) -> None:

@@ -171,6 +171,9 @@ GOOD |= {
     # The window (Qt offscreen when there is no display); needs the desktop extra, which CI installs.
     (("fleet-rlm", "desktop"), "--self-test"): ["desktop", "--self-test"],
     (("fleet-rlm", "desktop"), "--screenshot"): ["desktop", "--self-test", "--screenshot", "{dir}/shot.png"],
+    # The launcher goes to the walk's own XDG_DATA_HOME (set in the test), never the real menu.
+    (("fleet-rlm", "desktop"), "--install"): ["desktop", "--install"],
+    (("fleet-rlm", "desktop"), "--uninstall"): ["desktop", "--uninstall"],
 }
 # Chat flags: the same invocation through `fleet` and `fleet-rlm chat`, stdin says /quit.
 CHAT = {
@@ -300,6 +303,7 @@ def _run_ids(env: dict[str, str]) -> list[str]:
 def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
     fleet_env.update(PRICED)  # --max-cost needs a known price
+    fleet_env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # where `desktop --install` writes
     docs = documented()
     from tests.optimize.test_cli import OPTIMIZE_WALK  # walked there, in order (later steps use earlier results)
     from tests.sandbox.test_daytona_cli import DAYTONA_WALK  # walked there, against the Daytona API double

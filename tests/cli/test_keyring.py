@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
 
 BIN = Path(sys.executable).parent
 SECRET = "sk-keyring-only-9f8e7d6c"
-HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
 
 
-@pytest.mark.skipif(not HAVE_SECRET_SERVICE, reason="needs dbus-run-session and gnome-keyring (see .ci/run)")
 def test_key_set_in_keyring_reaches_the_model_and_no_file(fleet_env: dict, oracle: OracleLM) -> None:
+    prereqs.require_secret_service()
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
     cli = BIN / "fleet-rlm"
     script = f"""

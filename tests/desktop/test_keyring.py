@@ -5,8 +5,6 @@ session; the next process's run). A backend that stores nothing securely is refu
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.desktop.conftest import BIN, ROOT, drive
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
 
 SECRET = "sk-desktop-keyring-5a4b3c2d"
@@ -60,16 +59,10 @@ def test_a_keyring_that_cannot_keep_secrets_is_refused_with_guidance(desktop_env
     _no_file_holds(Path(env["FLEET_HOME"]), SECRET)
 
 
-HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
-
-
 def test_key_saved_in_settings_lands_in_the_secret_service_and_the_next_run_uses_it(
     desktop_env: dict, oracle: OracleLM
 ) -> None:
-    if not HAVE_SECRET_SERVICE:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI must test a real Secret Service: .ci/run installs gnome-keyring and dbus")
-        pytest.skip("needs dbus-run-session and gnome-keyring (see .ci/run)")
+    prereqs.require_secret_service()
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
     env = _keyring_env(desktop_env, None)
     env.pop("PYTHON_KEYRING_BACKEND", None)

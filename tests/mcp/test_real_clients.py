@@ -1,7 +1,7 @@
 """Third-party tools against the real `fleet-mcp`: MCP Inspector CLI and the MCPB validator.
 
-They need Node 22 and npm packages; CI installs them and points at them with
-FLEET_INSPECTOR (the `mcp-inspector` binary) and FLEET_MCPB (the `mcpb` binary). The folder of
+They need Node 22 and npm packages, which `.ci/setup` installs (FLEET_INSPECTOR and FLEET_MCPB
+point at other copies of the `mcp-inspector` and `mcpb` binaries). The folder of
 each binary goes first on PATH, so a portable node installed next to them (npm `node@22`) is used.
 """
 
@@ -15,20 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.mcp.conftest import ROOT, fleet_mcp_command, server_env
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM
 from tests.support.workloads import write_haystack
 
 pytestmark = pytest.mark.slow
 
 
-def tool(env_var: str) -> Path:
-    value = os.environ.get(env_var)
-    if not value:
-        pytest.skip(f"{env_var} is not set (path of the CLI; see docs/mcp.md, 'Testing with real clients')")
-    path = Path(value)
-    if not path.exists():
-        pytest.skip(f"{env_var}={value} does not exist")
-    return path
+tool = prereqs.node_tool
 
 
 def run_tool(binary: Path, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

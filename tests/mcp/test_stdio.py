@@ -148,3 +148,20 @@ async def test_client_gone_mid_run_leaves_the_run_finished_in_the_store(
     finally:
         db.close()
     assert row[1] in ("cancelled", "interrupted") and kinds[-1] == "run.finished" and "lm.call" in kinds
+
+
+async def test_no_model_says_the_client_passes_only_its_configured_environment(
+    fleet_env: dict[str, str], tmp_path: Path
+) -> None:
+    # What a client launches with when FLEET_LM_MODEL is exported in the shell but not in its configuration.
+    env = {k: v for k, v in server_env(fleet_env).items() if k != "FLEET_LM_MODEL"}
+    command, *args = fleet_mcp_command()
+    server = StdioServerParameters(command=command, args=args, env=env, cwd=str(tmp_path))
+    async with Client(server) as client:
+        result = await client.call_tool("run", {"question": "anything", "context_text": "x"})
+    assert result.is_error
+    [text] = [c.text for c in result.content if c.type == "text"]
+    assert "No model configured: set FLEET_LM_MODEL" in text
+    assert "only the environment written in their configuration" in text  # why the exported one is not seen
+    assert '"env"' in text and "-e FLEET_LM_MODEL=" in text  # where to add it: a client's config, the Inspector
+    assert fleet_env["FLEET_LM_API_KEY"] not in text

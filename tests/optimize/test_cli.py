@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.oracle_lm import PRICED, OracleLM
+from tests.support.oracle_lm import PRICED, OracleLM, Scenario
 
 BIN = Path(sys.executable).parent / "fleet-rlm"
 
@@ -91,6 +92,72 @@ def test_a_killed_optimization_resumes_without_redoing_finished_replays(
     assert status == "interrupted"
 
 
+def test_feedback_import_keeps_a_sessions_first_run_and_names_why_others_are_skipped(
+    fleet_env: dict, shout: OracleLM, tmp_path: Path
+) -> None:
+    from fleet_rlm.store import Store
+
+    word = tmp_path / "word.txt"
+    word.write_text("Word: plum")
+    first = ok("run", "Shout the word in the context (plum)", "--session", "s1", "--context", str(word), env=fleet_env)
+    shout.add(Scenario("Repeat it", ["SUBMIT('plum')"]))  # each CLI run is a process: its REPL starts afresh
+    follow_up = ok("run", "Repeat it", "--session", "s1", env=fleet_env)
+    shout.state.fail_next.append(500)
+    failed = cli("run", "Shout the word in the context (fig)", "--json", env=fleet_env)
+    assert failed.returncode == 1, failed.stderr
+    failed_id = json.loads(failed.stdout)["run_id"]
+    with Store(Path(fleet_env["FLEET_HOME"]) / "fleet.db") as store:
+        store.add_feedback(first["run_id"], True, None, None)
+        store.add_feedback(follow_up["run_id"], True, None, None)
+        store.add_feedback(failed_id, True, None, None)  # judged before faces refused this
+
+    made = ok("dataset", "import", "--feedback", "--name", "judged", env=fleet_env)
+    assert [(r["run_id"], r["answer"], r["context_paths"]) for r in made["rows"]] == [
+        (first["run_id"], "plum", [str(word)])
+    ]
+    assert made["skipped"] == [
+        f"{follow_up['run_id']}: it is run 2 of session s1, so it builds on the REPL state its earlier runs left, "
+        "which a replay cannot rebuild; judge the session's first run, or ask the question as the first run of a "
+        "new session",
+        f"{failed_id}: it was marked correct but gave no answer (failed); mark it wrong and give the expected answer",
+    ]
+
+
+def test_the_terminal_shows_our_progress_and_readable_versions(
+    fleet_env: dict, shout: OracleLM, shout_file: Path
+) -> None:
+    assert cli("dataset", "import", str(shout_file), "--name", "shout", env=fleet_env).returncode == 0
+    narrow = {**fleet_env, "COLUMNS": "60"}
+    out = cli("optimize", "--dataset", "shout", "--optimizer", "bootstrap", "--metric", "exact", env=narrow)
+    assert out.returncode == 0, out.stderr
+    for noise in ("INFO dspy", "Bootstrapped", "it/s", "%|"):  # DSPy's log lines and tqdm's bars
+        assert noise not in out.stderr, out.stderr
+    (estimate,) = [line for line in out.stderr.splitlines() if line.startswith("optimizing with bootstrap")]
+    assert estimate.endswith(" model calls"), "the estimate is one line; the terminal wraps it"
+    assert "after: train score 1.000 (8 rows)" in out.stderr.splitlines()
+    version = out.stdout.strip()
+
+    loud = cli("optimize", "--dataset", "shout", "--optimizer", "bootstrap", "--metric", "exact", "--verbose",
+               env=fleet_env)  # fmt: skip
+    assert loud.returncode == 0 and "INFO dspy" in loud.stderr, loud.stderr
+
+    shown = cli("programs", "show", version, env=fleet_env)
+    assert shown.returncode == 0 and len(shown.stdout) < 1500, shown.stdout
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"version {version}") and "bootstrap" in lines[1] and "exact" in lines[1]
+    assert any(line.startswith("train 0.") and line.endswith("-> 1.000 (8 rows)") for line in lines), lines
+    assert any(re.fullmatch(r"act: demos 0 -> [1-3]", line) for line in lines), lines
+    assert ok("programs", "show", version, env=fleet_env)["id"] == version
+
+    compared = cli("programs", "compare", "builtin", version, env=fleet_env)
+    assert compared.returncode == 0 and len(compared.stdout) < 3000, compared.stdout
+    lines = compared.stdout.splitlines()
+    assert lines[0] == f"builtin vs {version}" and lines[3].split() == ["holdout", "n/a", "1.000"], lines
+    assert re.search(rf"^act: demos only in builtin: 0, only in {version}: [1-3], shared: 0$", compared.stdout, re.M)
+    assert "act: instructions the same" in lines
+    assert ok("programs", "compare", "builtin", version, env=fleet_env)["b"] == version
+
+
 # -- the documented commands and flags (tests/cli/test_docs.py checks this covers docs/cli.md) ----
 
 Key = tuple[str, ...]
@@ -98,7 +165,7 @@ OPT = "fleet-rlm"
 ALL_OPTIMIZE_FLAGS = ["--dataset", "walk", "--optimizer", "bootstrap", "--metric", "exact", "--trials", "1",
                       "--max-calls", "1000", "--max-total-cost", "5", "--max-iters", "5", "--max-depth", "1",
                       "--max-llm-calls", "50", "--max-seconds", "120", "--max-cost", "1", "--sandbox", "local",
-                      "--json"]  # fmt: skip
+                      "--verbose", "--json"]  # fmt: skip
 # In order: later steps use what earlier ones made ({opt}, {version}: the first optimization's).
 OPTIMIZE_WALK: dict[tuple[Key, str], list[str]] = {
     ((OPT, "dataset", "import"), "--seed"): ["dataset", "import", "{file}", "--name", "walk", "--seed", "3"],
@@ -116,6 +183,8 @@ OPTIMIZE_WALK: dict[tuple[Key, str], list[str]] = {
     ((OPT, "programs", "ls"), "--json"): ["programs", "ls", "--json"],
     ((OPT, "programs", "show"), ""): ["programs", "show", "{version}"],
     ((OPT, "programs", "compare"), ""): ["programs", "compare", "builtin", "{version}"],
+    ((OPT, "programs", "show"), "--json"): ["programs", "show", "{version}", "--json"],
+    ((OPT, "programs", "compare"), "--json"): ["programs", "compare", "builtin", "{version}", "--json"],
     ((OPT, "programs", "promote"), ""): ["programs", "promote", "{version}"],
     ((OPT, "programs", "rollback"), ""): ["programs", "rollback"],
     ((OPT, "programs", "promote"), "--tolerance"): ["programs", "promote", "{version}", "--tolerance", "0.1"],

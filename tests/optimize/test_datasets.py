@@ -76,27 +76,31 @@ def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, tmp_path: 
     doc = tmp_path / "doc.txt"
     doc.write_text("the text")
 
-    def run(run_id: str, **request: object) -> None:
-        request = {"context_paths": [str(doc)], **request}
-        store.create_run(RunRecord(run_id, f"question {run_id}", status="succeeded", answer=f"answer {run_id}",
-                                   request=request))  # fmt: skip
+    def run(run_id: str, session: str | None = None, answer: str | None = "", **request: object) -> None:
+        request = {"context_paths": [str(doc)], "session_id": session, **request}
+        store.create_run(RunRecord(run_id, f"question {run_id}", session_id=session, status="succeeded",
+                                   answer=f"answer {run_id}" if answer == "" else answer, request=request,
+                                   created_at=float(len(store.list_runs(limit=100)))))  # fmt: skip
 
-    run("r1")
+    run("r1", session="s")  # a session's first run: its REPL started fresh, as a replay's does
     run("r2")
     run("r3", context_text=["(12 chars)"])
-    run("r4", session_id="s")
+    run("r4", session="s")  # builds on r1's REPL state
     run("r5")
+    run("r6", answer=None)
     store.add_feedback("r1", True, None, "good")
     store.add_feedback("r2", False, "the right one", "missed it")
     store.add_feedback("r3", True, None, None)
     store.add_feedback("r4", True, None, None)
     store.add_feedback("r5", False, None, "wrong")
+    store.add_feedback("r6", True, None, None)  # as stored before faces refused it
     rows, skipped = datasets.rows_from_feedback(store)
     assert [(r["run_id"], r["answer"], r["verdict"]) for r in rows] == [
         ("r1", "answer r1", True), ("r2", "the right one", False)]  # fmt: skip
     assert rows[0]["context_paths"] == [str(doc)] and rows[0]["comment"] == "good"
-    assert [s.split(":")[0] for s in skipped] == ["r3", "r4", "r5"]
-    assert "pasted text" in skipped[0] and "session" in skipped[1] and "expected answer" in skipped[2]
+    assert [s.split(":")[0] for s in skipped] == ["r3", "r4", "r5", "r6"]
+    assert "pasted text" in skipped[0] and "run 2 of session s" in skipped[1]
+    assert "without the right answer" in skipped[2] and "marked correct but gave no answer" in skipped[3]
 
 
 def test_secrets_in_rows_and_versions_are_masked_in_the_store(store: Store) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import prereqs
 from tests.support.agent_lm import AgentLM, Policy, Say
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS
@@ -37,7 +37,6 @@ CODE = "KESTREL42"
 HAYSTACK = f"Notes from the field.\nThe secret code is {CODE}.\nMore notes."
 QUESTION = "What is the secret code?"
 MEMORY_KEYRING = "tests.desktop.memory_keyring.MemoryKeyring"
-HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
 
 
 @pytest.fixture
@@ -173,10 +172,7 @@ def test_a_key_given_again_with_the_new_base_goes_there_and_only_there(
 def test_cli_key_given_again_in_a_real_keyring_goes_only_to_its_base(
     fleet_env: dict[str, str], needle: OracleLM, listener: OracleLM
 ) -> None:
-    if not HAVE_SECRET_SERVICE:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("CI must test a real Secret Service: .ci/run installs gnome-keyring and dbus")
-        pytest.skip("needs dbus-run-session and gnome-keyring (see .ci/run)")
+    prereqs.require_secret_service()
     with OracleLM(Scenario("secret code", NEEDLE_STEPS)) as third:
         fleet = BIN / "fleet-rlm"
         script = f"""

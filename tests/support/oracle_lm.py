@@ -100,6 +100,7 @@ class OracleState:
     cache_writes: int = 0  # and as written to it
     requests: list[Request] = field(default_factory=list)
     models_listed: int = 0  # GETs of the model list (a preflight's), counted apart from the calls
+    hold: threading.Event | None = None  # when given, each call waits for it once recorded (a test looks meanwhile)
     in_flight: int = 0
     max_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -262,6 +263,8 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
+                if state.hold is not None:
+                    state.hold.wait()
                 if delay:
                     time.sleep(delay)
                 if failure:

@@ -16,6 +16,7 @@ from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import AUTH, BASE, TOKEN, api_client, parse_sse, running, wait_finished
 
 pytestmark = pytest.mark.anyio
+SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "incident"
 
 
 async def _run(client: httpx.AsyncClient, question: str = "quick question", **body: object) -> dict:
@@ -342,6 +343,32 @@ async def test_checks_and_doctor(client: httpx.AsyncClient) -> None:
     assert sandbox["ok"] is True and "fake" in sandbox["detail"]
     doctor = (await client.get("/api/doctor")).json()
     assert doctor["model"]["ok"] and "keyring" in doctor
+
+
+async def test_an_error_whose_fix_is_a_setting_says_so(
+    fake_env: dict, scripted: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLEET_LM_MODEL")
+    async with api_client() as client:
+        refused = await client.post("/api/runs", json={"question": "quick question", "context_text": ["x"]})
+        missing = await client.get("/api/runs/r-nothing-here")
+    assert refused.status_code == 400
+    body = refused.json()
+    assert body["hint"] == "settings" and "No model configured" in body["message"], body
+    assert set(missing.json()) == {"error", "message"}  # no setting fixes a wrong run id
+
+
+async def test_the_sample_is_offered_while_runs_may_read_it(
+    fake_env: dict, scripted: OracleLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with api_client() as client:
+        sample = (await client.get("/api/sample")).json()
+        assert sample["path"] == str(SAMPLE) and sample["question"], sample
+        run = await _run(client, "quick question", context_paths=[sample["path"]])
+        assert run["status"] == "succeeded", run
+    monkeypatch.setenv("FLEET_CONTEXT_ROOTS", str(tmp_path))  # the checkout is outside: a run would be refused
+    async with api_client() as client:
+        assert (await client.get("/api/sample")).json()["path"] is None
 
 
 # -- the document -------------------------------------------------------------------------------

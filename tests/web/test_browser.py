@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,14 +22,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 from tests.web.conftest import BIN, WebServer, fleet_web
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = os.environ.get("FLEET_CHROMIUM", "/usr/bin/chromium")
-HAVE_SECRET_SERVICE = bool(shutil.which("dbus-run-session") and shutil.which("gnome-keyring-daemon"))
+CHROMIUM = str(prereqs.CHROMIUM)
 
 NEEDLE_Q = "NEEDLE-WEB: what is the secret code in the uploaded file?"
 CODE = "ORCHID4471"
@@ -41,12 +40,7 @@ LATENCY = 0.25  # per model call: the trace must be seen growing before the answ
 
 
 def _require_chromium() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    message = f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium), as .ci/run does"
-    if os.environ.get("CI") or os.geteuid() == 0:
-        pytest.fail(message)  # CI installs it: missing there is a broken setup, not a skip
-    pytest.skip(message)
+    prereqs.require(f"Debian's chromium ({CHROMIUM})", Path(CHROMIUM).exists())
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, web_oracle: OracleLM) -> It
         }
     )
     wrap: list[str] = []
-    if HAVE_SECRET_SERVICE:
+    if prereqs.has_secret_service():
         script = 'echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null; exec "$@"'
         wrap = ["dbus-run-session", "--", "sh", "-c", script, "sh"]
     with fleet_web(root, env, wrap) as srv:
@@ -312,7 +306,7 @@ def test_workbench_context_from_a_volume_file(ui: UI) -> None:
     page.get_by_label("Volume", exact=True).select_option("ctx")
     page.locator(".vol-picker").get_by_role("button", name="artifacts/").click()
     page.get_by_role("button", name="Add artifacts/needle.txt as context").click()
-    expect(page.get_by_role("list", name="Volume files added")).to_contain_text("vol:ctx/artifacts/needle.txt")
+    expect(page.get_by_role("list", name="Files and folders added")).to_contain_text("vol:ctx/artifacts/needle.txt")
     page.get_by_label("Question", exact=True).fill("NEEDLE-WEB: the code in the volume file?")
     page.get_by_role("button", name="Run", exact=True).click()
     expect(page.locator("article.turn .answer")).to_have_text("VOL88", timeout=60_000)
@@ -401,8 +395,8 @@ def test_volumes_browse_preview_csv_upload_delete(ui: UI, tmp_path: Path) -> Non
     assert not on_disk.exists()
 
 
-@pytest.mark.skipif(not HAVE_SECRET_SERVICE, reason="needs dbus-run-session and gnome-keyring (see .ci/run)")
 def test_settings_save_a_key_shown_masked_and_doctor(ui: UI) -> None:
+    prereqs.require_secret_service()
     page = ui.page
     ui.login("#/settings")
     expect(page.locator("[data-doctor=keyring]")).to_contain_text("SecretService")
@@ -463,6 +457,30 @@ def _check_narrow(view: UI) -> None:
         assert width[0] <= width[1], f"{route} overflows a 480 px window: {width[0]} px wide"
     view.shot("narrow-inspector")
     assert view.errors == [], "\n".join(view.errors)
+
+
+def test_page_heading_takes_focus_without_a_ring_and_controls_use_the_ui_font(ui: UI) -> None:
+    """What a page shows on load: focus moves to its heading (screen readers start there) without drawing
+    a ring around it, and every control, the file input's button too, is in the UI's font, not serif."""
+    page = ui.page
+    ui.login()
+    for route, heading in (("#/workbench", "Workbench"), ("#/volumes", "Volumes"), ("#/settings", "Settings")):
+        ui.go(route)
+        expect(page.get_by_role("heading", name=heading, exact=True)).to_be_focused()
+        ring = page.evaluate("(s => [s.outlineStyle, s.outlineWidth])(getComputedStyle(document.activeElement))")
+        assert ring[0] == "none" or ring[1] == "0px", f"{route}: the heading is drawn with a focus ring {ring}"
+        fonts = page.evaluate("""() => [...document.querySelectorAll('main :is(button, input, select, textarea)')]
+            .map(el => [el.outerHTML.slice(0, 60), getComputedStyle(el).fontFamily,
+                        el.type === 'file' ? getComputedStyle(el, '::file-selector-button').fontFamily : null])""")
+        ui_font = page.evaluate("getComputedStyle(document.body).fontFamily")
+        assert fonts, f"{route} has no controls to check"
+        for control, font, file_button in fonts:
+            assert font == ui_font and file_button in (None, ui_font), (
+                f"{route}: {control} is in {font} / {file_button}"
+            )
+    page.keyboard.press("Tab")  # a keyboard user still sees where focus is
+    ring = page.evaluate("(s => [s.outlineStyle, s.outlineWidth])(getComputedStyle(document.activeElement))")
+    assert ring[0] != "none" and ring[1] != "0px", ring
 
 
 def test_token_form_when_not_signed_in(browser: Browser, server: WebServer, shots: Path) -> None:

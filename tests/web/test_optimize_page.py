@@ -9,6 +9,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,10 @@ from tests.web.test_browser import shots as shots  # the screenshot folder fixtu
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebServer, OracleLM]]:
+@contextmanager
+def optimize_server(root: Path) -> Iterator[tuple[WebServer, OracleLM]]:
+    """`fleet web` in ``root`` with a fresh FLEET_HOME and the scripted model taught the shout task."""
     _require_chromium()
-    root = tmp_path_factory.mktemp("optimize-web")
     with OracleLM() as oracle:
         teach(oracle)
         env = {**os.environ, "FLEET_HOME": str(root / "home"), "FLEET_LM_MODEL": "openai/oracle",
@@ -34,6 +35,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebServer
                "FLEET_LM_RETRIES": "0", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "FLEET_NO_KEYRING": "1"}  # fmt: skip
         with fleet_web(root, env) as web:
             yield web, oracle
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebServer, OracleLM]]:
+    with optimize_server(tmp_path_factory.mktemp("optimize-web")) as served:
+        yield served
 
 
 def test_import_optimize_compare_promote_rollback(server: tuple[WebServer, OracleLM], shots: Path) -> None:
@@ -60,6 +67,9 @@ def test_import_optimize_compare_promote_rollback(server: tuple[WebServer, Oracl
             expect(page.locator(".opt-result")).to_contain_text("succeeded", timeout=120_000)
             expect(page.locator(".opt-result")).to_contain_text("gate passes")
             expect(page.locator(".score-chart circle")).to_have_count(2)
+            axes = page.locator(".score-chart svg text")
+            for label in ("score", "trial", "0", "0.5", "1", "1", "2"):
+                expect(axes.filter(has_text=re.compile(rf"^{re.escape(label)}$")).first).to_be_visible()
             expect(page.locator("[data-scored]")).to_have_count(4)
             expect(page.locator("[data-scored='after-train']")).to_have_text("after: train score 1.000 (8 rows)")
             ui.shot("optimize")
@@ -88,3 +98,89 @@ def test_import_optimize_compare_promote_rollback(server: tuple[WebServer, Oracl
             expect(page.get_by_text("Active: builtin")).to_be_visible()
             assert ui.errors == [], "the browser console showed errors:\n" + "\n".join(ui.errors)
         browser.close()
+
+
+def _failing_version(home: Path) -> str:
+    """A version that scored 1.000 before and 0.000 after (as a bad optimization leaves one)."""
+    from fleet_rlm.optimize.versions import builtin_state
+    from fleet_rlm.store import Store
+
+    scores = {"train_before": 1.0, "train_after": 0.0, "holdout_before": 1.0, "holdout_after": 0.0, "n_train": 4,
+              "n_holdout": 1}  # fmt: skip
+    with Store(home / "fleet.db") as store:
+        store.add_program_version({"id": "vfailing", "base_id": None, "optimization_id": None, "dataset_id": None,
+                                   "optimizer": "gepa", "metric": "exact", "scores": scores, "state": builtin_state(),
+                                   "changes": {}, "created_at": time.time()})  # fmt: skip
+    return "vfailing"
+
+
+def _failed_run(web: WebServer, oracle: OracleLM) -> str:
+    """A run that failed without an answer (the model server refused its first call)."""
+    oracle.state.fail_next.append(500)
+    with web.api() as api:
+        run_id = api.post("/api/runs", json={"question": "Shout the word in the context (fig)"}).json()["run_id"]
+        deadline = time.monotonic() + 60
+        while (state := api.get(f"/api/runs/{run_id}").json())["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert state["status"] == "failed" and not state["answer"]
+    return str(run_id)
+
+
+def test_a_run_without_an_answer_cannot_be_marked_correct_in_the_page(tmp_path: Path, shots: Path) -> None:
+    with optimize_server(tmp_path) as (web, oracle), sync_playwright() as p:
+        run_id = _failed_run(web, oracle)
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+        with open_page(browser, web, shots) as ui:
+            ui.login(f"#/runs/{run_id}")
+            expect(ui.page.get_by_role("button", name="Correct")).to_be_disabled()
+            expect(ui.page.get_by_text("This run gave no answer, so it cannot be correct")).to_be_visible()
+            assert ui.errors == [], "\n".join(ui.errors)
+        browser.close()
+
+
+def test_a_failing_version_is_promoted_only_with_a_reason_typed_in_the_page(tmp_path: Path, shots: Path) -> None:
+    folder = tmp_path / "questions"
+    folder.mkdir()
+    (folder / "word.txt").write_text("Word: plum")
+    jsonl = folder / "rel.jsonl"
+    jsonl.write_text(json.dumps({"question": "Shout the word in the context (plum)", "context_path": "word.txt",
+                                 "answer": "PLUM"}) + "\n")  # fmt: skip
+    with optimize_server(tmp_path) as (web, _oracle), sync_playwright() as p:
+        version = _failing_version(web.home)
+        with web.api() as api:
+            refused = api.post(f"/api/programs/{version}/promote", json={})
+        assert refused.status_code == 409 and "1.000 -> 0.000" in refused.json()["message"]
+        assert "--" not in refused.json()["message"], "a web user has no command-line flags"
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+        with open_page(browser, web, shots) as ui:
+            page = ui.page
+            ui.login("#/optimize")
+            page.get_by_label("Dataset name").fill("relative")
+            page.get_by_label("JSONL file").set_input_files(str(jsonl))
+            expect(page.get_by_label("JSON lines")).to_have_value(re.compile("word.txt"))
+            page.get_by_role("button", name="Import dataset").click()
+            error = page.locator(".error").filter(has_text="context_path 'word.txt' is relative")
+            expect(error).to_contain_text("give the folder the file is in")
+            page.get_by_label("Folder the file is in").fill(str(folder))
+            page.get_by_role("button", name="Import dataset").click()
+            expect(page.get_by_text("Dataset relative: 1 train, 0 holdout rows.")).to_be_visible()
+
+            row = page.locator(f"tr[data-version='{version}']")
+            expect(row).to_contain_text("1.000 → 0.000")
+            expect(row.get_by_role("button", name=f"Promote {version}")).to_have_count(0)
+            row.get_by_role("button", name="Promote anyway…").click()
+            reason = page.get_by_label("Reason for the override")
+            promote = page.get_by_role("button", name="Promote with this reason")
+            expect(promote).to_be_disabled()
+            reason.fill("the scorer was broken; checked by hand")
+            promote.click()
+            expect(page.get_by_text(f"Version {version} is active: new runs use it.")).to_be_visible()
+            ui.shot("optimize-override")
+            unexpected = [e for e in ui.errors if "status of 400" not in e]  # the refused import's, on purpose
+            assert unexpected == [], "the browser console showed errors:\n" + "\n".join(unexpected)
+        browser.close()
+        with web.api() as api:
+            listed = api.get("/api/programs").json()
+        assert listed["active"] == version
+        assert listed["history"][0]["reason"] == "override: the scorer was broken; checked by hand"

@@ -6,10 +6,12 @@
 const SESSION_KEY = "fleet-session";
 
 export class ApiError extends Error {
-  constructor(status, kind, message) {
+  /** `hint`: where the fix is made, when the server says ("settings": a setting). */
+  constructor(status, kind, message, hint = null) {
     super(message);
     this.status = status;
     this.kind = kind;
+    this.hint = hint;
   }
 }
 
@@ -38,10 +40,12 @@ function authHeaders() {
 async function errorOf(resp) {
   let kind = "http";
   let message = `${resp.status} ${resp.statusText}`.trim();
+  let hint = null;
   try {
     const body = await resp.json();
     kind = body.error || kind;
     message = body.message || message;
+    hint = body.hint || null;
   } catch {
     // Not JSON (a proxy or a crash page): the status line is all we have.
   }
@@ -49,7 +53,7 @@ async function errorOf(resp) {
     unauthorized();
     message = "Not signed in: paste the token that `fleet web` printed.";
   }
-  return new ApiError(resp.status, kind, message);
+  return new ApiError(resp.status, kind, message, hint);
 }
 
 /** fetch() with this tab's session; resolves to an ok Response, rejects with ApiError (or AbortError). */

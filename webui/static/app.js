@@ -46,12 +46,22 @@ function setupTheme() {
 
 // -- auth ---------------------------------------------------------------------------------------
 
+/** The token of a sign-in address (`http://127.0.0.1:PORT/#token=...`, or its fragment alone), or null. */
+function tokenInAddress(text) {
+  const match = /#token=([^&\s]+)/.exec(text);
+  if (!match) return null;
+  try {
+    return decodeURIComponent(match[1]);
+  } catch {
+    return match[1]; // not %-encoded after all: the server says whether it is the token
+  }
+}
+
 /** The token handed over in `#token=...` (removed from the address bar at once), if any. */
 function tokenFromFragment() {
-  const match = /^#token=([^&]+)/.exec(location.hash);
-  if (!match) return null;
-  history.replaceState(null, "", `${location.pathname}${location.search}#/workbench`);
-  return decodeURIComponent(match[1]);
+  const token = tokenInAddress(location.hash);
+  if (token) history.replaceState(null, "", `${location.pathname}${location.search}#/workbench`);
+  return token;
 }
 
 const DESKTOP = new URLSearchParams(location.search).has("desktop");
@@ -87,7 +97,12 @@ async function signedIn() {
 
 let router = null;
 
-function showTokenForm(message) {
+function refusal(err) {
+  return err.status === 401 ? new Error("That token was not accepted: copy it again from the terminal.") : err;
+}
+
+/** The token form, with a `message` under it or the `error` of the last attempt in it. */
+function showTokenForm(message, error = null) {
   if (router) router.stop();
   document.getElementById("nav").hidden = true;
   document.getElementById("sign-out").hidden = true;
@@ -95,22 +110,38 @@ function showTokenForm(message) {
   const status = h("div", {});
   const form = h("form", { class: "card narrow", "aria-labelledby": "signin-title" },
     h("h1", { id: "signin-title" }, "Sign in"),
-    h("p", {}, "Paste the token that `fleet web` printed in its terminal (the part after #token=)."),
+    h("p", {}, "Paste the address that `fleet web` printed in its terminal (http://127.0.0.1:…/#token=…), "
+      + "or only the token after #token=."),
     field("Token", input).row,
     h("div", { class: "actions" }, h("button", { type: "submit" }, "Sign in")),
     status);
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     try {
-      await signIn(input.value.trim());
-      document.getElementById("nav").hidden = false;
+      await signIn(tokenInAddress(input.value) || input.value.trim());
       start();
     } catch (err) {
-      replace(status, errorBox(err.status === 401 ? new Error("That token was not accepted: copy it again from the terminal.") : err));
+      replace(status, errorBox(refusal(err)));
     }
   });
+  if (error) replace(status, errorBox(error));
   replace(main, form, message ? h("p", { class: "muted" }, message) : null);
   input.focus();
+}
+
+/**
+ * The sign-in address opened in this tab: only the fragment changes, so the page does not load again.
+ * Signed out, it signs in; either way the token leaves the address bar at once.
+ */
+async function signInFromAddress() {
+  const token = tokenFromFragment();
+  if (!token || (router && router.running)) return;
+  try {
+    await signIn(token);
+    start();
+  } catch (err) {
+    showTokenForm(null, refusal(err));
+  }
 }
 
 function markNav(route) {
@@ -122,6 +153,7 @@ function markNav(route) {
 }
 
 function start() {
+  document.getElementById("nav").hidden = false;
   // The desktop window holds its session as long as it is open: there is no token to sign in again with.
   document.getElementById("sign-out").hidden = DESKTOP || !hasSession();
   if (!router) router = new Router(main, PAGES, markNav);
@@ -142,6 +174,8 @@ function setupSignOut() {
 async function boot() {
   setupTheme();
   setupSignOut();
+  // Before the router's own listener: the token is gone from the address before a page reads it.
+  window.addEventListener("hashchange", signInFromAddress);
   // Only once a page is up: during sign-in the 401s are expected and handled here.
   onUnauthorized(() => {
     if (!router || !router.running) return;

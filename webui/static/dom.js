@@ -60,6 +60,17 @@ export function field(label, input, hint) {
   return { row, input };
 }
 
+/**
+ * A file input shown as a button (its label): the browser's own "No file chosen" beside it would
+ * contradict the list of picked files, as the input is emptied after each pick. Returns {row, input}.
+ */
+export function filePicker(label) {
+  const input = h("input", { type: "file", multiple: true, class: "file-input", id: newId("in") });
+  const row = h("div", { class: "file-picker" }, input,
+    h("label", { for: input.id, class: "button secondary small" }, label));
+  return { row, input };
+}
+
 /** Show a short message in the shared live region. */
 export function toast(message, kind = "info") {
   const el = document.getElementById("toast");
@@ -70,9 +81,22 @@ export function toast(message, kind = "info") {
   toast.timer = setTimeout(() => { el.hidden = true; }, 4000);
 }
 
-/** An error box for a failed call: the API's message says what to do. */
+/**
+ * A link to the Settings page for an error whose fix is a setting: the API marks those (`hint`); a
+ * run's error text names the terminal's way, `fleet-rlm config set`, which here is that page.
+ * Null for any other error.
+ */
+export function settingsLink(err) {
+  const message = err && err.message ? err.message : String(err);
+  if (!(err && err.hint === "settings") && !message.includes("`fleet-rlm config set ")) return null;
+  return h("a", { href: "#/settings", class: "settings-link" }, "Open Settings to fix it");
+}
+
+/** An error box for a failed call: the API's message says what to do (and links to Settings when it is there). */
 export function errorBox(err) {
-  return h("p", { class: "error", role: "alert" }, err && err.message ? err.message : String(err));
+  const message = err && err.message ? err.message : String(err);
+  const link = settingsLink(err);
+  return h("p", { class: "error", role: "alert" }, message, link ? [" ", link] : null);
 }
 
 /** A link that downloads `path` as `name` through the API, which wants the session header a plain link lacks. */

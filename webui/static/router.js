@@ -1,4 +1,5 @@
-// Hash routes: #/workbench, #/runs, #/runs/ID, #/volumes, #/optimize, #/settings.
+// Hash routes: #/workbench, #/workbench/chat (its Chat mode), #/runs, #/runs/ID, #/volumes, #/optimize,
+// #/settings.
 // A page is `render(main, params) -> cleanup?`; the cleanup runs when the route changes
 // (closing event streams and timers of the page left behind).
 
@@ -9,6 +10,7 @@ export function parse(hash) {
   const parts = (hash || "").replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
   const [first, second] = parts;
   if (first === "runs" && second) return { name: "run", params: { id: second } };
+  if (first === "workbench" && second === "chat") return { name: "workbench", params: { mode: "chat" } };
   if (["workbench", "runs", "volumes", "optimize", "settings"].includes(first)) return { name: first, params: {} };
   return { name: "workbench", params: {} };
 }

@@ -5,7 +5,8 @@
 // can draw it. TraceTree renders the model and updates only the step an event touched, so a
 // user's open/closed sections survive a live stream.
 
-import { badge, copyText, fmtCost, fmtInt, fmtSeconds, h, replace } from "./dom.js";
+import { badge, copyText, fmtCost, fmtInt, fmtSeconds, h, replace, settingsLink } from "./dom.js";
+import { highlightPython } from "./highlight.js";
 
 const SUBCALLS_SHOWN = 200; // a batch of thousands stays fast; the rest is counted
 
@@ -138,9 +139,10 @@ export function subcallGroups(step) {
   return [...groups.values()];
 }
 
-function pre(cls, text, label) {
+/** A labelled block of preformatted `content`: text, or nodes built from text (highlighted code). */
+function pre(cls, content, label) {
   return h("div", { class: "block" }, h("div", { class: "block-label" }, label),
-    h("pre", { class: cls, tabindex: "0", "aria-label": label }, text));
+    h("pre", { class: cls, tabindex: "0", "aria-label": label }, content));
 }
 
 function subcallItem(s) {
@@ -195,6 +197,7 @@ export class TraceTree {
     this.onFork = onFork;
     this.container = container;
     this.nodeEls = new Map(); // node id -> {root, steps (ol), header, stepEls: Map}
+    this.codeBlocks = new WeakMap(); // step -> {code, el}
     this.status = h("p", { class: "progress-line muted", role: "status", "aria-live": "polite" });
     this.tree = h("section", { class: "trace", "aria-label": "Run trace" });
     replace(container, this.status, this.tree);
@@ -251,7 +254,7 @@ export class TraceTree {
     replace(el.body,
       step.reasoning ? h("div", { class: "block" }, h("div", { class: "block-label" }, "Reasoning"),
         h("p", { class: "reasoning" }, step.reasoning)) : null,
-      step.code !== null ? pre("code", step.code, "Code") : null,
+      step.code !== null ? this.codeBlock(step) : null,
       this.onFork && step.code !== null ? h("button", { type: "button", class: "secondary small fork-here",
         onclick: () => this.onFork(id, step.step, step.code) }, "Fork from here") : null,
       subcallGroups(step).map(fanout),
@@ -264,6 +267,17 @@ export class TraceTree {
       if (childEntry.root.parentNode !== el.children) el.children.append(childEntry.root);
       this.renderHeader(child);
     }
+  }
+
+  /** The step's highlighted code, built once per code: a step re-renders on each of its sub-queries, and
+   *  keeping the element keeps a reader's selection and scroll position in it. */
+  codeBlock(step) {
+    let cached = this.codeBlocks.get(step);
+    if (!cached || cached.code !== step.code) {
+      cached = { code: step.code, el: pre("code", highlightPython(step.code), "Code") };
+      this.codeBlocks.set(step, cached);
+    }
+    return cached.el;
   }
 
   renderAll() {
@@ -324,7 +338,8 @@ export function answerBlock(run) {
       h("div", { class: "answer", tabindex: "0" }, run.answer));
   }
   const why = run.error || run.stop_reason || (run.status === "cancelled" ? "The run was stopped." : "No answer.");
+  const fix = run.error ? settingsLink({ message: run.error }) : null;
   return h("section", { class: "answer-block", "aria-label": "Answer" },
     h("div", { class: "answer-head" }, h("h3", {}, "No answer"), badge(run.status)),
-    h("p", { class: run.status === "failed" ? "error" : "muted" }, why));
+    h("p", { class: run.status === "failed" ? "error" : "muted" }, why, fix ? [" ", fix] : null));
 }

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
+import re
 import socket
 import time
 import weakref
@@ -37,6 +39,29 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 EXPIRED_RESULT = "Not done: nobody approved this call before its approval expired."
 _HOSTS: weakref.WeakKeyDictionary[Engine, AgentHost] = weakref.WeakKeyDictionary()
+TITLE_CHARS = 60  # what a list of conversations shows on one line
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"(\s*:)?')  # a JSON string, and the colon after a key
+
+
+def conversation_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """A readable title from a conversation's first message: the words of a JSON message (its string values,
+    not its braces, keys and quotes), whitespace collapsed, cut at a word boundary with an ellipsis."""
+    if text.lstrip()[:1] in ("{", "["):
+        text = " ".join(_unquote(s) for s, key in _JSON_STRING.findall(text) if not key) or text
+    words = " ".join(text.split())
+    if len(words) <= limit:
+        return words
+    cut = words[: limit + 1].rsplit(" ", 1)[0]
+    if len(cut) < limit // 2:  # one very long word: cut inside it rather than keep almost nothing
+        cut = words[:limit]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+def _unquote(literal: str) -> str:
+    try:
+        return str(json.loads(f'"{literal}"'))
+    except ValueError:  # not valid JSON (a bad escape, a raw line break): its text as written
+        return literal
 
 
 class Feed:
@@ -131,7 +156,7 @@ class AgentHost:
         volume = volume or self.settings.agent_volume
         self.engine.volumes.check_name(volume)
         conversation_id = new_id("c")
-        title = (title or "").strip()[:200] or "New conversation"
+        title = conversation_title(title or "") or "New conversation"
         await self.store.write(
             self.store.create_conversation, conversation_id, title, f"chat-{conversation_id}", volume
         )

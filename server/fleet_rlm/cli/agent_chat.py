@@ -38,11 +38,18 @@ HELP = """Talk to the workspace agent, or:
   /help               this help                 /quit        leave (Ctrl-D, or Ctrl-C twice)"""
 CHOICES = "[y]es / [a]lways in this conversation / [n]o / [s]kip"
 BLOCKED_CHOICES = "[n]o / [s]kip"
+BANNER = """fleet-rlm agent: talk about your files, runs and notes. It starts RLM runs over attached files and
+volumes, reads traces and volumes, keeps notes in its memory, and pulls in web pages and git repositories.
+Before anything with side effects or open-ended cost (writing memory, fetching, a run without a small cost
+cap) it asks you first: [y]es / [a]lways in this conversation / [n]o (with a reason it reads) / [s]kip
+(decide later with /approvals).
+/help for commands, /quit to leave."""
 
 
 class AgentChat(Chat):
     """The terminal chat's reading and Ctrl-C handling, with turns sent to the agent."""
 
+    banner = BANNER
     help = HELP
 
     def __init__(self, engine: Any, args: argparse.Namespace) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fleet_rlm.cli.common import fail, limit_overrides, settings_for
-from fleet_rlm.cli.runs import follow_run
+from fleet_rlm.cli.runs import follow_started
 from fleet_rlm.core.errors import RunNotFound, UserError
 
 T = TypeVar("T")
@@ -81,6 +81,7 @@ class Attachment:
 
 
 class Chat:
+    banner = "fleet-rlm chat: ask about your files. /help for commands, /quit to leave."  # printed at start
     help = HELP  # what /help prints
 
     def __init__(self, engine: Any, args: argparse.Namespace, reader: LineReader | None = None) -> None:
@@ -189,10 +190,13 @@ class Chat:
             session_id=self.session_id,
             **limit_overrides(self.args),
         )
+        run_id = None
         try:  # Ctrl-C during a run cancels that run (recorded as cancelled) and returns to the prompt
-            result = await self.interruptible(follow_run(self.engine, req, self.mode))
+            run_id = await self.interruptible(self.engine.start_run(req))
+            result = await self.interruptible(follow_started(self.engine, run_id, self.mode))
         except Interrupted:
-            print("cancelled", file=sys.stderr)
+            self.last_run = run_id or self.last_run  # /trace shows what it did before the Ctrl-C
+            print(f"[cancelled · run {run_id}]" if run_id else "cancelled", file=sys.stderr)
             return
         self.attached.clear()  # attached inputs now live in the REPL
         self.last_run = result.run_id
@@ -263,7 +267,6 @@ class Chat:
         return True
 
     async def loop(self) -> None:
-        print("fleet-rlm chat: ask about your files. /help for commands, /quit to leave.", file=sys.stderr)
         asked_to_leave = False
         while True:
             try:
@@ -293,6 +296,7 @@ class Chat:
         """``loop`` with Ctrl-C going to ``on_sigint`` instead of ending the process."""
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, self.on_sigint)
+        print(self.banner, file=sys.stderr)
         try:
             await self.loop()
         finally:

@@ -126,6 +126,8 @@ def _dataset_show(args: argparse.Namespace) -> int:
 class OptimizeProgress(LiveLine):
     """The progress view on stderr: trial, candidate, evaluations, scores (a live line on a TTY)."""
 
+    redirect = False  # the streams are the optimizer's, routed by runner.show_library_output
+
     def __init__(self, console: Console) -> None:
         self.console = console
         self.started = time.monotonic()
@@ -170,7 +172,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not args.resume and not (args.dataset and args.optimizer):
         raise UserError("give --dataset NAME and --optimizer gepa|mipro|bootstrap (or --resume ID)")
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)  # the terminal wraps long lines, at words
+    runner.show_library_output(args.verbose)
 
     async def go() -> tuple[Any, Any]:
         async with Engine(settings_for(args)) as engine:
@@ -227,14 +230,21 @@ def cmd_programs(args: argparse.Namespace) -> int:
                 print(f"{'*' if v.active else ' '} {v.id}  {v.optimizer:<9} {v.metric:<10} train {_f(s.train_before)}"
                       f" -> {_f(s.train_after)}  holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)}")  # fmt: skip
             return 0
-        if args.action == "show":
-            print_json(_dump(versions.show(store, args.version)))
-            return 0
-        if args.action == "compare":
-            print_json(_dump(versions.compare(store, args.a, args.b)))
+        if args.action in ("show", "compare"):
+            view = versions.show(store, args.version) if args.action == "show" else versions.compare(
+                store, args.a, args.b)  # fmt: skip
+            if args.json:
+                print_json(_dump(view))
+            else:
+                print("\n".join(_version_lines(store, view) if args.action == "show" else _comparison_lines(view)))
             return 0
         if args.action == "promote":
-            shown = asyncio.run(versions.promote(store, args.version, override=args.override, tolerance=args.tolerance))
+            try:
+                shown = asyncio.run(
+                    versions.promote(store, args.version, override=args.override, tolerance=args.tolerance)
+                )
+            except versions.GateRefused as exc:
+                raise versions.GateRefused(f"{exc.message} (--override REASON)") from None
             result = {"active": shown.id, "override": bool(args.override)}
         else:
             result = {"active": asyncio.run(versions.rollback(store))}
@@ -243,3 +253,57 @@ def cmd_programs(args: argparse.Namespace) -> int:
     else:
         print(f"active program: {result['active']}")
     return 0
+
+
+DIFF_LINES = 20  # of each predictor's instruction diff, in the human view
+
+
+def _version_lines(store: Any, v: Any) -> list[str]:
+    """A version for people: where it came from, its scores, what it changed (summarized)."""
+    dataset = store.get_dataset(v.dataset_id) if v.dataset_id else None
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created_at))
+    s = v.scores
+    lines = [
+        f"version {v.id}" + (" (active)" if v.active else ""),
+        f"{v.optimizer} · metric {v.metric} · dataset {dataset['name'] if dataset else v.dataset_id} · "
+        f"base {v.base_id or 'builtin'} · {when}",
+        f"train {_f(s.train_before)} -> {_f(s.train_after)} ({s.n_train} rows)",
+        f"holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)} ({s.n_holdout} rows)",
+        f"promotion gate: {'passes' if v.gate.passed else 'fails'} ({v.gate.reason})",
+    ]
+    for name, change in v.changes.items():
+        if "instructions" in change:
+            lines.append(f"{name}: instructions now {_summary(change['instructions']['after'])}")
+        if "demos" in change:
+            lines.append(f"{name}: demos {len(change['demos']['before'])} -> {len(change['demos']['after'])}")
+    if not v.changes:
+        lines.append("no instruction or demo changed from its base")
+    lines.append(f"(everything: fleet-rlm programs show {v.id} --json)")
+    return lines
+
+
+def _summary(text: str, limit: int = 100) -> str:
+    flat = " ".join(text.split())
+    cut = flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return f"{cut!r} ({len(text):,} characters)"
+
+
+def _comparison_lines(c: Any) -> list[str]:
+    """Two versions for people: scores after optimizing, instruction diffs (cut), demo counts."""
+    width = max(len(c.a), len(c.b), 7)
+    lines = [f"{c.a} vs {c.b}", f"{'':<8} {c.a:<{width}} {c.b}"]
+    for split in ("train", "holdout"):
+        a, b = (getattr(c.scores[v], f"{split}_after") for v in (c.a, c.b))
+        lines.append(f"{split:<8} {_f(a):<{width}} {_f(b)}")
+    for name, diff in c.instructions.items():
+        if not diff:
+            lines.append(f"{name}: instructions the same")
+            continue
+        body = diff.splitlines()[2:]  # without the ---/+++ header
+        lines += [f"{name}: instructions differ:", *("  " + line for line in body[:DIFF_LINES])]
+        if len(body) > DIFF_LINES:
+            lines.append(f"  … {len(body) - DIFF_LINES} more lines (--json for all)")
+    for name, demos in c.demos.items():
+        lines.append(f"{name}: demos only in {c.a}: {len(demos['only_a'])}, only in {c.b}: {len(demos['only_b'])}, "
+                     f"shared: {demos['shared']}")  # fmt: skip
+    return lines

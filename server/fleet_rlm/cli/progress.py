@@ -22,6 +22,7 @@ class LiveLine:
 
     console: Console
     live: Live | None = None
+    redirect = True  # while live, what the process prints goes above the line (rich's stream proxies)
 
     def __rich__(self) -> Text:
         raise NotImplementedError
@@ -46,7 +47,8 @@ class LiveLine:
     def __enter__(self) -> Self:
         if self.wants_live():
             # Live re-renders ``self`` on every refresh (``__rich__``): the timers tick between events.
-            self.live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True)
+            self.live = Live(self, console=self.console, refresh_per_second=REFRESH_PER_SECOND, transient=True,
+                             redirect_stdout=self.redirect, redirect_stderr=self.redirect)  # fmt: skip
             self.live.__enter__()
         return self
 
@@ -86,8 +88,10 @@ class Progress(LiveLine):
 
     def feed(self, event: dict[str, Any]) -> None:
         self.tracker.feed(event)
-        if self.tracker.state.waiting != self.waiting:
-            self.waiting, self.waiting_since = self.tracker.state.waiting, time.monotonic()
+        waiting = self.tracker.state.waiting
+        if _wait_kind(waiting) != _wait_kind(self.waiting):
+            self.waiting_since = time.monotonic()
+        self.waiting = waiting
         if self.mode == "off":
             return
         line = self._describe(event)
@@ -126,6 +130,13 @@ class Progress(LiveLine):
                 f"{(data.get('response_preview') or data.get('error') or '')[:80]}"
             )
         return None
+
+
+def _wait_kind(waiting: str) -> str:
+    """What the run waits for without its count: a batch answering one sub-query after another ("3/64
+    sub-queries") is one wait, whose clock keeps running instead of restarting at each answer."""
+    count, _, rest = waiting.partition(" ")
+    return rest if rest == "sub-queries" and "/" in count else waiting
 
 
 def _indent(text: str, prefix: str) -> str:

@@ -11,12 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.cli.common import limit_overrides, plural, print_json, settings_for, status_exit
-from fleet_rlm.cli.progress import Progress
 
 
 async def follow_run(engine: Any, req: Any, mode: str) -> Any:
     """Start a run, show its progress until it finishes; Ctrl-C cancels it (recorded as cancelled)."""
-    run_id = await engine.start_run(req)
+    return await follow_started(engine, await engine.start_run(req), mode)
+
+
+async def follow_started(engine: Any, run_id: str, mode: str) -> Any:
+    """Show a started run's progress until it finishes; Ctrl-C cancels it (recorded as cancelled)."""
+    from fleet_rlm.cli.progress import Progress  # rich: only a run shows progress, `runs` and `export` don't
+
     await Progress(mode).follow(engine, run_id)
     return await engine.wait(run_id)
 
@@ -33,11 +38,14 @@ def read_stdin_contexts(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fleet_rlm.core.warmup import start_warm_up
+
+    settings = settings_for(args)
+    start_warm_up(settings)  # the sandbox's checks wait on other processes while dspy imports below
     from fleet_rlm.core.engine import Engine
     from fleet_rlm.core.types import RunRequest
     from fleet_rlm.core.views import cache_note
 
-    settings = settings_for(args)
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
         question=args.question,

@@ -8,9 +8,14 @@ instead of after the first call's retries; ``explain_lm_error`` says the same fo
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import http.client
+import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,14 +36,25 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
 )
 
-from fleet_rlm.config import ROLE_FIELDS, ConfigError, Role, Settings, env_name, key_for, role_model_and_base
+from fleet_rlm.config import (
+    ROLE_FIELDS,
+    ConfigError,
+    NoModelConfigured,
+    Role,
+    Settings,
+    env_name,
+    key_for,
+    provider_of,
+    role_model_and_base,
+)
 from fleet_rlm.core import tape
-from fleet_rlm.core.errors import FleetError, Unavailable, UserError
+from fleet_rlm.core.errors import FleetError, Unavailable
 from fleet_rlm.core.program import STEP_HEADER
 from fleet_rlm.redaction import redact_text
 
 T = TypeVar("T")
 PREFLIGHT_SECONDS = 3.0  # a model server that answers nothing in this time is slow, not absent
+MODEL_LIST_BYTES = 8 * 1024 * 1024  # read of a model list at most (OpenRouter's is about 1 MB)
 LIST_MODELS = "`curl {base}/models` lists the models it serves"
 
 
@@ -285,7 +301,7 @@ def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
     part of the latter two from the root's. Its key is the one bound to its endpoint, if any."""
     model, api_base = role_model_and_base(dict(settings), role)
     if not model:
-        raise ConfigError(
+        raise NoModelConfigured(
             "No model configured: set FLEET_LM_MODEL to a LiteLLM model string "
             "(e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama_chat/llama3.1), "
             "or run `fleet-rlm config set lm_model <model>`."
@@ -318,13 +334,10 @@ def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
 
 
 def _is_anthropic(model: str) -> bool:
-    """Whether LiteLLM sends ``model`` to Anthropic's API, the one that caches by marks on message blocks."""
-    import litellm
-
-    try:
-        return bool(litellm.get_llm_provider(model)[1] == "anthropic")
-    except Exception:  # not routable: _check_model_name has said so already
-        return False
+    """Whether LiteLLM sends ``model`` to Anthropic's API, the one that caches by marks on message blocks.
+    Read from the model string's prefix: importing LiteLLM for it would hold up a run's first call by
+    several times dspy's own import (only a bare name, such as claude-sonnet-4-5, needs LiteLLM)."""
+    return provider_of(model) == "anthropic"
 
 
 PRICE_PREFIX: dict[Role, str] = {"root": "lm", "sub": "sub_lm"}  # the agent's own calls are not metered
@@ -384,7 +397,7 @@ async def preflight(*lms: MeteredLM) -> list[str]:
     """Check once per LM, before a run's first step, that its model exists where it is asked for;
     returns warnings, one line each, for the run to show.
 
-    Raises ``Unavailable`` (nothing answers at the address) or ``UserError`` (unknown model, key
+    Raises ``Unavailable`` (nothing answers at the address) or ``ConfigError`` (unknown model, key
     refused), each one sentence with the fix. With an ``api_base`` (an OpenAI-compatible server)
     the check reads ``GET {base}/models``; a model it lists passes with no model call. One it does
     not list is refused only on a definite no: Ollama's list is exactly what it serves, anything
@@ -421,7 +434,7 @@ async def _check_served(lm: MeteredLM, base: str) -> list[str]:
     if not served or {lm.model, name, f"{name}:latest"} & set(served):
         return []
     shown = ", ".join(served[:8]) + (f" and {len(served) - 8} more" if len(served) > 8 else "")
-    refusal = UserError(
+    refusal = ConfigError(
         redact_text(
             f"{base} serves no model '{name}' ({lm.model}): it serves {shown}; set FLEET_LM_MODEL "
             f"to one of them with its provider prefix ({LIST_MODELS.format(base=base)})."
@@ -434,7 +447,7 @@ async def _check_served(lm: MeteredLM, base: str) -> list[str]:
     except LMUnsupportedModelError:
         raise refusal from None
     except LMAuthError:
-        raise UserError(_key_refused(lm, f" at {base}")) from None
+        raise ConfigError(_key_refused(lm, f" at {base}")) from None
     except Exception:  # slow, busy, or a setting the tiny call trips on: the run's first call decides
         pass
     listing = f"{base} does not list '{name}' (it lists {shown})"
@@ -443,25 +456,36 @@ async def _check_served(lm: MeteredLM, base: str) -> list[str]:
 
 async def _served_models(lm: MeteredLM, base: str) -> list[str]:
     """The names ``GET {base}/models`` lists; empty when it lists nothing usable (no such route)."""
-    import httpx
-
     key = (lm.kwargs or {}).get("api_key")
     headers = {"Authorization": f"Bearer {key}"} if key and key != "not-needed" else {}
     try:
-        async with httpx.AsyncClient(timeout=PREFLIGHT_SECONDS) as client:
-            reply = await client.get(f"{base}/models", headers=headers)
-    except httpx.ConnectError:
+        status, body = await asyncio.to_thread(_get, f"{base}/models", headers)
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError) or not isinstance(exc.reason, OSError):  # slow, or no such URL form
+            return []  # let the real call tell
         raise Unavailable(
             f"cannot reach {lm.model}: nothing answers at {base}; is the server running? (check FLEET_LM_API_BASE)"
         ) from None
-    except httpx.HTTPError:  # slow, or speaking something else: let the real call tell
+    except (OSError, http.client.HTTPException, ValueError):  # slow, or speaking something else
         return []
-    if reply.status_code in (401, 403):
-        raise UserError(_key_refused(lm, f" at {base}"))
+    if status in (401, 403):
+        raise ConfigError(_key_refused(lm, f" at {base}"))
     try:
-        return [str(m["id"]) for m in reply.json()["data"]] if reply.status_code == 200 else []
+        return [str(m["id"]) for m in json.loads(body)["data"]] if status == 200 else []
     except (ValueError, KeyError, TypeError):
         return []
+
+
+def _get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
+    """A GET's status and body (an error status's body left out). The standard library, as dspy's own
+    client uses: httpx would add its import to the time before a run's first model call."""
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=PREFLIGHT_SECONDS) as reply:
+            return reply.status, reply.read(MODEL_LIST_BYTES)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code, b""
 
 
 async def _tiny_call(lm: MeteredLM) -> None:
@@ -474,7 +498,7 @@ async def _check_call(lm: MeteredLM) -> None:
     try:
         await _tiny_call(lm)
     except (LMAuthError, LMUnsupportedModelError, LMConfigurationError) as exc:
-        raise UserError(explain_lm_error(exc, lm)) from None
+        raise ConfigError(explain_lm_error(exc, lm)) from None
     except LMTransportError as exc:
         raise Unavailable(explain_lm_error(exc, lm)) from None
     except Exception:  # timeouts, rate limits, provider hiccups: not a verdict on the settings

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
-from fleet_rlm.core.errors import RunNotFound, UserError
+from fleet_rlm.core.errors import Conflict, RunNotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport, replay_report
 from fleet_rlm.core.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
 from fleet_rlm.store import RunRecord, Store
@@ -169,8 +169,20 @@ class Workspace:
         self, run_id: str, correct: bool, expected: str | None = None, comment: str | None = None
     ) -> views.Feedback:
         full_id = self.resolve_run(run_id)
+        if correct:
+            self._check_answered(full_id)
         row = await self.store.write(self.store.add_feedback, full_id, correct, expected, comment)
         return views.Feedback.model_validate(row)
+
+    def _check_answered(self, run_id: str) -> None:
+        """Only an answer can be right: a run without one is marked wrong, with the right answer."""
+        run = self.store.get_run(run_id)
+        if run is None or (run.answer or "").strip():
+            return
+        if run.status in ACTIVE_STATUSES:
+            raise Conflict(f"run {run_id} has not finished yet: judge its answer once it has one")
+        raise Conflict(f"run {run_id} gave no answer ({run.status}), so it cannot be marked correct: "
+                       "mark it wrong and give the expected answer")  # fmt: skip
 
     # -- volumes ------------------------------------------------------------------------------
 

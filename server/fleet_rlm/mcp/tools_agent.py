@@ -189,7 +189,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
                 outcome = await _from_answers(host, ctx)
             else:
                 if conversation_id is None:
-                    conversation_id = (await host.create_conversation(message[:60])).id
+                    conversation_id = (await host.create_conversation(message)).id
                 outcome = await host.chat(conversation_id, message)
             return await _settle(host, outcome, ctx)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from mcp.server.mcpserver.exceptions import ToolError
 
+from fleet_rlm.config import NoModelConfigured
 from fleet_rlm.core.errors import FleetError, RunNotFound
 from fleet_rlm.mcp.models import RunOutput, RunState, trace_uri
 from fleet_rlm.redaction import redact_text
@@ -28,8 +29,23 @@ def user_errors() -> Iterator[None]:
     except ToolError:
         raise
     except FleetError as exc:
-        hint = " (list_runs lists recent ones)" if isinstance(exc, RunNotFound) else ""
-        raise ToolError(redact_text(exc.message) + hint) from exc
+        raise ToolError(redact_text(exc.message) + _hint(exc)) from exc
+
+
+# An exported FLEET_LM_MODEL is not seen: clients start servers with their configured environment only.
+NO_MODEL_HINT = (
+    " MCP clients pass only the environment written in their configuration to the servers they start, not your "
+    "shell's: add FLEET_LM_MODEL and its key (FLEET_LM_API_KEY) to this server's \"env\" in the client's "
+    "configuration (MCP Inspector: -e FLEET_LM_MODEL=... -e FLEET_LM_API_KEY=...), or save them once for every "
+    "launch with `fleet-rlm config set`."
+)
+
+
+def _hint(exc: FleetError) -> str:
+    """Where the MCP face's user goes next, beyond what the core message says."""
+    if isinstance(exc, RunNotFound):
+        return " (list_runs lists recent ones)"
+    return NO_MODEL_HINT if isinstance(exc, NoModelConfigured) else ""
 
 
 def run_output(result: RunResult) -> RunOutput:

@@ -98,35 +98,74 @@ def _row(item: Any, number: int, base: Path | None) -> dict[str, Any]:
         paths = [paths]
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise UserError(f"{where}: 'context_path' must be a path or a list of paths")
-    resolved = [p if p.startswith("vol:") or base is None else str((base / p).expanduser()) for p in paths]
-    for path in resolved:
-        if not path.startswith("vol:") and not Path(path).exists():
-            raise UserError(f"{where}: context_path '{path}' does not exist")
+    resolved = [_context_path(p, base, where) for p in paths]
     return {"question": question, "context_text": context, "context_paths": resolved, "answer": answer,
             "split": item.get("split"), "verdict": item.get("verdict"), "comment": item.get("comment"),
             "run_id": item.get("run_id")}  # fmt: skip
+
+
+def _context_path(path: str, base: Path | None, where: str) -> str:
+    """A row's context path as replays will open it: ``vol:`` as given, a relative one from ``base``."""
+    if path.startswith("vol:"):
+        return path
+    full = Path(path).expanduser()
+    if not full.is_absolute():
+        if base is None:  # text sent without its file (a browser upload): its folder is unknown
+            raise UserError(f"{where}: context_path '{path}' is relative, and nothing says which folder it is "
+                            "relative to: give the folder the file is in, or use absolute paths (or "
+                            "vol:NAME/PATH)")  # fmt: skip
+        full = base / full
+    if not full.exists():
+        raise UserError(f"{where}: context_path '{full}' does not exist")
+    return str(full)
+
+
+def folder(path: str) -> Path:
+    """The folder a JSONL file's relative context paths are taken from, as a person typed it."""
+    found = Path(path.strip()).expanduser()
+    if not found.is_absolute() or not found.is_dir():
+        raise UserError(f"'{path}' is not a folder on this machine: give the full path of the folder the file is in")
+    return found
 
 
 def rows_from_feedback(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
     """Rows from judged runs (each run's newest feedback), and why some runs were left out.
 
     Right answers are the expected answer unless the person gave another; a wrong answer counts only
-    with the right one given. Pasted text is not kept with a run, so such runs cannot be replayed."""
+    with the right one given. A replay is a fresh run: pasted text is not kept with a run, and a
+    session's later runs build on the REPL state its earlier runs left, so neither can be replayed.
+    A session's first run started from a fresh REPL, like a replay, so it can."""
     rows, skipped = [], []
     for run in store.judged_runs():
+        reason = _unreplayable(run)
+        if reason:
+            skipped.append(f"{run['run_id']}: {reason}")
+            continue
         request = run["request"]
-        expected = run["expected"] or (run["answer"] if run["correct"] else None)
-        if request.get("context_text"):
-            skipped.append(f"{run['run_id']}: its context was pasted text, which is not kept; use a file")
-        elif request.get("session_id"):
-            skipped.append(f"{run['run_id']}: it continued a session, so its REPL state cannot be replayed")
-        elif not expected:
-            skipped.append(f"{run['run_id']}: marked wrong without the right answer; add the expected answer")
-        else:
-            rows.append({"question": run["question"], "context_text": None,
-                         "context_paths": list(request.get("context_paths") or []), "answer": expected,
-                         "verdict": run["correct"], "comment": run["comment"], "run_id": run["run_id"]})  # fmt: skip
+        rows.append({"question": run["question"], "context_text": None,
+                     "context_paths": list(request.get("context_paths") or []), "answer": _expected(run),
+                     "verdict": run["correct"], "comment": run["comment"], "run_id": run["run_id"]})  # fmt: skip
     return rows, skipped
+
+
+def _expected(run: dict[str, Any]) -> str | None:
+    return run["expected"] or (run["answer"] if run["correct"] else None)
+
+
+def _unreplayable(run: dict[str, Any]) -> str | None:
+    """Why a judged run cannot become a row, or None."""
+    if run["request"].get("context_text"):
+        return "its context was pasted text, which is not kept; use a file"
+    if run["earlier"]:
+        return (f"it is run {run['earlier'] + 1} of session {run['session_id']}, so it builds on the REPL state "
+                "its earlier runs left, which a replay cannot rebuild; judge the session's first run, or ask the "
+                "question as the first run of a new session")  # fmt: skip
+    if _expected(run):
+        return None
+    if run["correct"]:
+        return (f"it was marked correct but gave no answer ({run['status']}); mark it wrong and give the expected "
+                "answer")  # fmt: skip
+    return "marked wrong without the right answer; add the expected answer"
 
 
 async def create(

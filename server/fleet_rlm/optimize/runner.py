@@ -217,19 +217,24 @@ async def _wind_down(replayer: Replayer, job: asyncio.Future[Any], reason: str) 
         await job
 
 
-class _OptimizerStdout(io.TextIOBase):
-    """``sys.stdout`` that sends what optimizer threads print (DSPy's progress lines) to stderr:
-    stdout may be a protocol channel (MCP over stdio) or exactly one JSON object (``--json``)."""
+class _LibraryOutput(io.TextIOBase):
+    """``sys.stdout`` or ``sys.stderr`` that takes what optimizer threads write (DSPy's progress bars
+    and lines) away from the faces, which show the optimization's own events: to the real stderr
+    while ``shown`` (stdout may be a protocol channel, MCP over stdio, or exactly one JSON object,
+    ``--json``), else nowhere. Other threads write through."""
 
     quiet = threading.local()
+    shown = True  # the CLI drops them unless --verbose: show_library_output()
+    stderr: Any = None  # the real stderr, once wrapped
 
     def __init__(self, original: Any) -> None:
         self.original = original
         self.buffer = getattr(original, "buffer", None)  # binary writers (protocols) bypass us
 
     def write(self, text: str) -> int:
-        target = sys.stderr if getattr(self.quiet, "on", False) else self.original
-        return int(target.write(text))
+        if not getattr(self.quiet, "on", False):
+            return int(self.original.write(text))
+        return int(self.stderr.write(text)) if self.shown else len(text)
 
     def flush(self) -> None:
         self.original.flush()
@@ -241,10 +246,17 @@ class _OptimizerStdout(io.TextIOBase):
         return bool(self.original.isatty())
 
     @classmethod
-    @contextlib.contextmanager
-    def on_this_thread(cls) -> Any:
+    def install(cls) -> None:
+        if not isinstance(sys.stderr, cls):
+            cls.stderr = sys.stderr
+            sys.stderr = cls(sys.stderr)
         if not isinstance(sys.stdout, cls):
             sys.stdout = cls(sys.stdout)
+
+    @classmethod
+    @contextlib.contextmanager
+    def on_this_thread(cls) -> Any:
+        cls.install()
         cls.quiet.on = True
         try:
             yield
@@ -252,7 +264,18 @@ class _OptimizerStdout(io.TextIOBase):
             cls.quiet.on = False
 
 
-@_OptimizerStdout.on_this_thread()  # a fresh context for each call: what the optimizer prints goes to stderr
+def show_library_output(shown: bool) -> None:
+    """Whether DSPy's log lines and progress bars reach stderr during optimizations (the CLI's
+    ``--verbose``). Call it before optimizing: the streams are wrapped now, before a live progress
+    display wraps them in turn, and DSPy, imported now, does not reset its logger's level later."""
+    import dspy  # noqa: F401  (configures the "dspy" logger on import)
+
+    _LibraryOutput.install()
+    _LibraryOutput.shown = shown
+    logging.getLogger("dspy").setLevel(logging.INFO if shown else logging.CRITICAL + 1)
+
+
+@_LibraryOutput.on_this_thread()  # a fresh context for each call: what the optimizer prints is routed
 def _optimize(
     engine: Engine,
     replayer: Replayer,

@@ -16,12 +16,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.core.errors import Conflict, NotFound, UserError
-from fleet_rlm.optimize.views import BUILTIN, Comparison, Scores, VersionDetail, VersionInfo, VersionList
+from fleet_rlm.optimize.views import BUILTIN, Comparison, Gate, Scores, VersionDetail, VersionInfo, VersionList
 
 if TYPE_CHECKING:
     from fleet_rlm.store import Store
 
 PREDICTORS = ("act", "extract")
+
+
+class GateRefused(Conflict):
+    """A promotion the gate refused. The message names no face's way to override: each face adds it
+    (the CLI its ``--override`` flag)."""
 
 
 def fingerprint(state: dict[str, Any]) -> str:
@@ -98,10 +103,12 @@ def _stack(store: Store) -> list[str]:
 
 
 def _info(row: dict[str, Any], active_id: str | None) -> dict[str, Any]:
+    scores = Scores(**(row["scores"] or {}))
+    passed, why = gate(scores)
     return {
         "id": row["id"], "base_id": row["base_id"], "optimization_id": row["optimization_id"],
-        "dataset_id": row["dataset_id"], "optimizer": row["optimizer"], "metric": row["metric"],
-        "scores": Scores(**(row["scores"] or {})), "created_at": row["created_at"], "active": row["id"] == active_id,
+        "dataset_id": row["dataset_id"], "optimizer": row["optimizer"], "metric": row["metric"], "scores": scores,
+        "gate": Gate(passed=passed, reason=why), "created_at": row["created_at"], "active": row["id"] == active_id,
     }  # fmt: skip
 
 
@@ -149,8 +156,8 @@ async def promote(
     passed, why = gate(Scores(**(row["scores"] or {})), tolerance)
     reason = override.strip() if override else ""
     if not passed and not reason:
-        raise Conflict(f"version '{version_id}' does not pass the promotion gate: {why}. Promote it anyway "
-                       "with a reason (--override REASON)")  # fmt: skip
+        raise GateRefused(f"version '{version_id}' does not pass the promotion gate: {why}; promote it anyway only "
+                          "with a reason for the override, which is kept in the history")  # fmt: skip
     await store.write(store.activate_program, version_id, "promote", f"override: {reason}" if reason else why)
     return show(store, version_id)
 

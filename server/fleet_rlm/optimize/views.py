@@ -53,6 +53,11 @@ class Scores(BaseModel):
     n_holdout: int = 0
 
 
+class Gate(BaseModel):
+    passed: bool = Field(description="Whether promotion would pass without an override.")
+    reason: str = Field(description="The scores that decide it.")
+
+
 class VersionInfo(BaseModel):
     id: str
     base_id: str | None = Field(description="The version it was optimized from (null: the built-in program).")
@@ -61,6 +66,7 @@ class VersionInfo(BaseModel):
     optimizer: str
     metric: str
     scores: Scores
+    gate: Gate = Field(description="The promotion gate's verdict on its scores (default tolerance).")
     created_at: float
     active: bool
 

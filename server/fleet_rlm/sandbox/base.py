@@ -189,6 +189,8 @@ class Backend:
     doctor: DoctorCheck
     description: str = ""
     check: Callable[[Settings], None] | None = None  # raises ConfigError (with the fix) if unusable as set
+    # Slow checks whose result the process keeps (probing the OS): run in a thread while the runtime imports.
+    warm_up: Callable[[Settings], None] | None = None
 
 
 BACKENDS: dict[str, Backend] = {}

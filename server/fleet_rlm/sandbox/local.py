@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -87,9 +88,20 @@ _BWRAP_BASE = ["--unshare-all", "--die-with-parent", "--new-session", "--clearen
 _SEAL = ["--remount-ro", "/"]  # bwrap's root is an unsized tmpfs; last, since mount points are made on it
 
 
-@functools.cache
+_probing = threading.Lock()
+
+
 def detect_isolation() -> tuple[str, str]:
-    """Return ("bwrap", description) if bubblewrap really works here, else ("none", how to fix)."""
+    """Return ("bwrap", description) if bubblewrap really works here, else ("none", how to fix).
+
+    Probed once per process; a caller arriving while another thread probes (the run command's
+    warm-up) waits for that probe instead of starting its own."""
+    with _probing:
+        return _probe_isolation()
+
+
+@functools.cache
+def _probe_isolation() -> tuple[str, str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return "none", (
@@ -675,5 +687,11 @@ def _local_doctor(settings: Any) -> dict[str, dict[str, Any]]:
 
 
 register_backend(
-    Backend("local", _local_sandbox, _local_doctor, "a persistent Python worker on this machine (bubblewrap)")
+    Backend(
+        "local",
+        _local_sandbox,
+        _local_doctor,
+        "a persistent Python worker on this machine (bubblewrap)",
+        warm_up=lambda _settings: detect_isolation(),  # two bwrap processes: waiting, not computing
+    )
 )

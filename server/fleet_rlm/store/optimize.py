@@ -98,13 +98,17 @@ class OptimizeTables:
         return out
 
     def judged_runs(self) -> list[dict[str, Any]]:
-        """Each run's newest feedback with what a dataset needs of the run (people's runs only)."""
+        """Each run's newest feedback with what a dataset needs of the run (people's runs only), and
+        ``earlier``: how many runs its session had before it (0 for a session's first run)."""
         sql = (
-            "SELECT r.id, r.question, r.answer, r.request_json, f.correct, f.expected, f.comment FROM feedback f"
+            "SELECT r.id, r.question, r.answer, r.status, r.request_json, r.session_id, (SELECT COUNT(*) FROM runs e"
+            " WHERE e.session_id = r.session_id AND e.kind = 'run' AND (e.created_at < r.created_at"
+            " OR (e.created_at = r.created_at AND e.id < r.id))), f.correct, f.expected, f.comment FROM feedback f"
             " JOIN runs r ON r.id = f.run_id WHERE r.kind = 'run'"
             " AND f.id = (SELECT MAX(id) FROM feedback WHERE run_id = f.run_id) ORDER BY r.created_at, r.id"
         )
-        keys = ("run_id", "question", "answer", "request", "correct", "expected", "comment")
+        keys = ("run_id", "question", "answer", "status", "request", "session_id", "earlier", "correct", "expected",
+                "comment")  # fmt: skip
         rows = [dict(zip(keys, r, strict=True)) for r in self._read(sql)]
         for row in rows:
             row["request"] = json.loads(row["request"] or "{}")

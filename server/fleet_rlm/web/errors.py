@@ -1,5 +1,6 @@
 """Every error the web app answers, mapped in one place: JSON ``{"error", "message"}`` with the
-status the error hierarchy names (``FleetError.http_status``), never a stack trace."""
+status the error hierarchy names (``FleetError.http_status``), never a stack trace. An error a
+setting fixes (``ConfigError``) adds ``"hint": "settings"``: the browser links it to its Settings page."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from fleet_rlm.config import ConfigError
 from fleet_rlm.core.errors import FleetError
 from fleet_rlm.redaction import redact_text
 
@@ -28,14 +30,18 @@ KINDS = {
 }
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None, hint: str | None = None
+) -> JSONResponse:
     body = {"error": KINDS.get(status, "error"), "message": redact_text(message)}
+    if hint:
+        body["hint"] = hint
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 async def fleet_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FleetError)
-    return error_response(exc.http_status, exc.message)
+    return error_response(exc.http_status, exc.message, hint="settings" if isinstance(exc, ConfigError) else None)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

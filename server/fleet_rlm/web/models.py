@@ -211,6 +211,12 @@ class DiskUse(BaseModel):
     retention_days: int | None
 
 
+class Sample(BaseModel):
+    path: str | None = Field(description="The sample's folder, to give as a context path; null when this "
+                             "installation has none or FLEET_CONTEXT_ROOTS keeps runs from reading it.")  # fmt: skip
+    question: str = Field(description="A question to ask about it.")
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 
@@ -218,3 +224,6 @@ class Health(BaseModel):
 class Error(BaseModel):
     error: str = Field(description="A short kind: bad_request, unauthorized, not_found, conflict, too_large, ...")
     message: str = Field(description="What went wrong and how to fix it.")
+    hint: Literal["settings"] | None = Field(
+        None, description="Where the fix is made, when it is a setting: the web UI links to its Settings page."
+    )

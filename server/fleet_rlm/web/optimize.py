@@ -25,6 +25,8 @@ class DatasetCreate(Strict):
     name: str = Field(min_length=1, max_length=64)
     jsonl: str | None = Field(None, max_length=50_000_000, description='JSON lines: {"question", "context" or '
                               '"context_path", "answer"}.')  # fmt: skip
+    folder: str | None = Field(None, max_length=4096, description="The folder relative context_path entries are "
+                               "taken from (the file's folder: a browser does not send it).")  # fmt: skip
     feedback: bool = Field(False, description="Build it from runs marked right or wrong instead.")
     holdout: float = Field(datasets.DEFAULT_HOLDOUT, ge=0, lt=1, description="Share of rows kept back.")
     seed: int = Field(0, ge=0, le=2**31, description="Seed of the train/holdout split.")
@@ -82,7 +84,8 @@ async def create_dataset(call: Call) -> ov.DatasetDetail:
         if not rows:
             raise UserError("no judged run can be replayed: mark answers right or wrong first")
     else:
-        rows = datasets.parse_jsonl((body.jsonl or "").splitlines())
+        base = datasets.folder(body.folder) if body.folder else None
+        rows = datasets.parse_jsonl((body.jsonl or "").splitlines(), base)
     source = "feedback" if body.feedback else "jsonl"
     made = await datasets.create(store, body.name, rows, source=source, holdout=body.holdout, seed=body.seed)
     return ov.DatasetDetail(**made, rows=store.dataset_rows(made["id"]), skipped=skipped)

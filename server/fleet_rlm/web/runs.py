@@ -149,7 +149,7 @@ async def events(call: Call) -> object:
 
 
 @routes.add("POST", "/api/runs/{run_id}/feedback", "Judge the run's answer (kept for optimization)",
-            body=m.FeedbackIn, response=views.Feedback, status=201)  # fmt: skip
+            body=m.FeedbackIn, response=views.Feedback, status=201, errors=(400, 404, 409))  # fmt: skip
 async def add_feedback(call: Call) -> views.Feedback:
     body: m.FeedbackIn = call.body
     return await call.engine.workspace.add_feedback(call.path["run_id"], body.correct, body.expected, body.comment)

@@ -5,8 +5,9 @@
 // a person, so it only ever goes in through text nodes (dom.js `h`).
 
 import { api, readEvents, request, upload } from "../api.js";
-import { errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
+import { errorBox, field, filePicker, fmtBytes, h, replace, toast } from "../dom.js";
 
+const TITLE_SOURCE = 200; // characters of the first message the server makes its title of (the API's most)
 // Survives leaving the page: the conversation is shown again on return.
 const state = { conversationId: null };
 
@@ -23,15 +24,27 @@ async function streamPost(path, json, onEvent) {
   });
 }
 
+const LONG_RESULT = 600; // characters: a longer tool result starts collapsed
+
 function pretty(value) {
   try { return JSON.stringify(value, null, 2); } catch { return String(value); }
+}
+
+/** A tool's result, readably: a JSON object as key/value rows (an unset value left out, nested ones
+ *  pretty-printed), other JSON pretty-printed, anything else (an error, a cut dump) as its text. */
+function resultView(text) {
+  let value;
+  try { value = JSON.parse(text); } catch { return h("pre", {}, text); }
+  if (!value || typeof value !== "object" || Array.isArray(value)) return h("pre", {}, pretty(value));
+  return h("dl", { class: "kv" }, Object.entries(value).filter(([, v]) => v !== null).map(([key, v]) =>
+    [h("dt", {}, key), h("dd", {}, typeof v === "object" ? h("pre", {}, pretty(v)) : String(v))]));
 }
 
 /** A tool call as a card; `result(text)` fills in what it returned, `progress(line)` an RLM run's state. */
 function toolCard(call) {
   const status = h("p", { class: "muted small tool-status" });
   const links = h("p", { class: "small" });
-  const result = h("pre", { class: "tool-result", hidden: true });
+  const result = h("div", { class: "tool-result", hidden: true });
   const el = h("div", { class: "tool-card", dataset: { call: call.call_id || "" } },
     h("p", { class: "tool-name" }, h("strong", {}, call.tool), " ", h("span", { class: "muted small" }, "tool call")),
     h("details", {}, h("summary", {}, "Arguments"), h("pre", {}, pretty(call.arguments || {}))),
@@ -46,7 +59,9 @@ function toolCard(call) {
     linkRun,
     result: (text) => {
       result.hidden = false;
-      result.textContent = text;
+      const view = resultView(text);
+      replace(result, text.length > LONG_RESULT
+        ? h("details", {}, h("summary", {}, `Result (${text.length.toLocaleString()} characters)`), view) : view);
       try { const parsed = JSON.parse(text); if (parsed && parsed.run_id) linkRun(parsed.run_id); } catch { /* text */ }
     },
   };
@@ -81,19 +96,19 @@ export function renderChat(main) {
   const audit = h("ol", { class: "audit small" });
   const status = h("div", { class: "form-status", "aria-live": "polite" });
   const message = h("textarea", { rows: "3", placeholder: "Ask the agent about your workspace…", id: "chat-input" });
-  const picker = h("input", { type: "file", multiple: true });
+  const picker = filePicker("Attach files");
   const send = h("button", { type: "submit", id: "chat-send" }, "Send");
   const uploads = [];
   const chips = h("ul", { class: "chips", "aria-label": "Files to attach" });
   const renderChips = () => replace(chips, uploads.map((u) => h("li", { class: "chip" }, `${u.name} (${fmtBytes(u.size)})`)));
-  picker.addEventListener("change", async () => {
+  picker.input.addEventListener("change", async () => {
     try {
-      uploads.push(...await upload([...picker.files]));
+      uploads.push(...await upload([...picker.input.files]));
       renderChips();
     } catch (err) {
       replace(status, errorBox(err));
     }
-    picker.value = "";
+    picker.input.value = "";
   });
 
   const cards = new Map(); // call id -> tool card of the shown conversation
@@ -194,7 +209,7 @@ export function renderChat(main) {
 
   const form = h("form", { class: "card ask chat-form", "aria-label": "Message the agent" },
     field("Message", message, "Ctrl+Enter sends. Attached files are read by the agent's RLM runs.").row,
-    field("Attach files", picker).row, chips, h("div", { class: "actions" }, send), status);
+    picker.row, chips, h("div", { class: "actions" }, send), status);
   message.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); form.requestSubmit(); }
   });
@@ -205,7 +220,7 @@ export function renderChat(main) {
     if (busy) return;
     run(async () => {
       if (!state.conversationId) {
-        state.conversationId = (await api("/api/conversations", { method: "POST", json: { title: text.slice(0, 60) } })).id;
+        state.conversationId = (await api("/api/conversations", { method: "POST", json: { title: text.slice(0, TITLE_SOURCE) } })).id;
       }
       const ids = uploads.splice(0).map((u) => u.upload_id);
       renderChips();

@@ -61,14 +61,25 @@ function feedbackForm(runId) {
     }
   };
   api(`/api/runs/${encodeURIComponent(runId)}/feedback`).then(showList, () => {});
-  return h("section", { class: "card feedback", "aria-labelledby": "fb-title" },
+  const correct = h("button", { type: "button", onclick: () => send(true) }, "✓ Correct");
+  const noAnswer = h("p", { class: "muted small", hidden: true },
+    "This run gave no answer, so it cannot be correct: mark it wrong and give the expected answer.");
+  const section = h("section", { class: "card feedback", "aria-labelledby": "fb-title" },
     h("h2", { id: "fb-title" }, "Was the answer right?"),
     h("div", { class: "actions" },
-      h("button", { type: "button", onclick: () => send(true) }, "✓ Correct"),
+      correct,
       h("button", { type: "button", class: "secondary", onclick: () => send(false) }, "✗ Wrong")),
+    noAnswer,
     h("details", {}, h("summary", {}, "Add the expected answer or a comment"),
       field("Expected answer", expected).row, field("Comment", comment).row),
     status, saved);
+  // Only an answer can be right (the server refuses it too).
+  const showRun = (run) => {
+    const answered = Boolean((run.answer || "").trim());
+    correct.disabled = !answered;
+    noAnswer.hidden = answered || run.status === "running" || run.status === "queued";
+  };
+  return { section, showRun };
 }
 
 export function renderInspector(main, { id }) {
@@ -124,7 +135,9 @@ export function renderInspector(main, { id }) {
       ["Prompt cache", cacheNote(s.usage.total) || "–"], ["Session", s.session_id || "–"]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
     replace(usage, usageTable(s.usage));
     if (!active) replace(answer, answerBlock(s));
+    feedback.showRun(s);
   };
+  const feedback = feedbackForm(id);
   let closed = false;
   const refresh = () => api(`/api/runs/${rid}`).then(
     (s) => { if (!closed) { heading.textContent = s.question; showState(s); } },
@@ -146,7 +159,7 @@ export function renderInspector(main, { id }) {
       del, h("a", { href: "#/runs" }, "All runs")),
     lineage, meta, answer, view,
     h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Tokens and cost"), usage),
-    feedbackForm(id));
+    feedback.section);
 
   const follower = followRun(id, {
     onEvent: (ev) => {

@@ -9,23 +9,37 @@ import { badge, errorBox, field, fmtTime, h, replace, toast } from "../dom.js";
 const OPTIMIZERS = ["bootstrap", "gepa", "mipro"];
 const METRICS = ["normalised", "exact", "numeric", "f1", "judge"];
 const SVG_W = 480;
-const SVG_H = 160;
-const PAD = 24;
+const SVG_H = 190;
+const MARGIN = { left: 46, right: 14, top: 12, bottom: 40 }; // room for the tick labels and axis titles
+const MAX_X_TICKS = 10;
 
 function score(v) {
   return v === null || v === undefined ? "–" : Number(v).toFixed(3);
 }
 
-/** Scores per trial as an SVG line chart (0..1 on the y axis), with a text list for screen readers. */
+/** SVG text in the page's text colour (the chart's own styles live with the SVG, not in style.css). */
+function svgText(attrs, text) {
+  return h("svg:text", { fill: "currentColor", "font-size": "11", ...attrs }, text);
+}
+
+/** Mean score per trial as an SVG line chart with axes: score 0..1 up, trials across; and a text list for screen readers. */
 function chart(trials) {
   const n = trials.length;
-  const x = (i) => PAD + (n <= 1 ? 0 : (i * (SVG_W - 2 * PAD)) / (n - 1));
-  const y = (s) => SVG_H - PAD - s * (SVG_H - 2 * PAD);
+  const width = SVG_W - MARGIN.left - MARGIN.right;
+  const height = SVG_H - MARGIN.top - MARGIN.bottom;
+  const x = (i) => MARGIN.left + (n <= 1 ? width / 2 : (i * width) / (n - 1));
+  const y = (s) => MARGIN.top + (1 - s) * height;
+  const every = Math.ceil(n / MAX_X_TICKS);
   const points = trials.map((t, i) => `${x(i)},${y(t.score)}`).join(" ");
   return h("figure", { class: "score-chart" },
     h("svg:svg", { viewBox: `0 0 ${SVG_W} ${SVG_H}`, role: "img", "aria-label": "Mean score per trial" },
-      h("svg:line", { class: "axis", x1: PAD, y1: y(0), x2: SVG_W - PAD, y2: y(0) }),
-      h("svg:line", { class: "axis", x1: PAD, y1: y(1), x2: SVG_W - PAD, y2: y(1) }),
+      [0, 0.5, 1].map((s) => [
+        h("svg:line", { class: "axis", x1: MARGIN.left, y1: y(s), x2: SVG_W - MARGIN.right, y2: y(s), "stroke-dasharray": s ? "3 3" : null }),
+        svgText({ x: MARGIN.left - 6, y: y(s) + 4, "text-anchor": "end" }, String(s))]),
+      h("svg:line", { class: "axis", x1: MARGIN.left, y1: y(1), x2: MARGIN.left, y2: y(0) }),
+      trials.map((t, i) => (i % every ? null : svgText({ x: x(i), y: y(0) + 15, "text-anchor": "middle" }, String(t.trial)))),
+      svgText({ x: MARGIN.left + width / 2, y: SVG_H - 6, "text-anchor": "middle" }, "trial"),
+      svgText({ x: -(MARGIN.top + height / 2), y: 13, transform: "rotate(-90)", "text-anchor": "middle" }, "score"),
       n ? h("svg:polyline", { class: "series", points }) : null,
       trials.map((t, i) => h("svg:circle", { class: "dot", cx: x(i), cy: y(t.score), r: 4 }))),
     h("figcaption", { class: "small muted" },
@@ -37,6 +51,7 @@ function datasetsSection(onChange) {
   const name = h("input", { required: true, maxlength: "64", placeholder: "support-questions" });
   const jsonl = h("textarea", { rows: "4", placeholder: '{"question": "...", "context": "...", "answer": "..."}' });
   const file = h("input", { type: "file", accept: ".jsonl,.json,.txt" });
+  const folder = h("input", { type: "text", maxlength: "4096", placeholder: "/home/me/questions" });
   const fromFeedback = h("input", { type: "checkbox" });
   const holdout = h("input", { type: "number", min: "0", max: "0.9", step: "0.05", value: "0.2" });
   const out = h("div", { role: "status" });
@@ -59,6 +74,7 @@ function datasetsSection(onChange) {
     try {
       const json = { name: name.value.trim(), holdout: Number(holdout.value || 0) };
       if (fromFeedback.checked) json.feedback = true; else json.jsonl = jsonl.value;
+      if (!fromFeedback.checked && folder.value.trim()) json.folder = folder.value.trim();
       const made = await api("/api/datasets", { method: "POST", json });
       replace(out, h("p", { class: "ok" }, `Dataset ${made.name}: ${made.train} train, ${made.holdout} holdout rows.`),
         made.skipped.length ? h("ul", { class: "small muted" }, made.skipped.map((s) => h("li", {}, s))) : null);
@@ -78,6 +94,7 @@ function datasetsSection(onChange) {
       field("Dataset name", name).row,
       field("JSON lines", jsonl, "One object a line: question, context or context_path, answer.").row,
       field("JSONL file", file).row,
+      field("Folder the file is in", folder, "Optional: where relative context_path entries are found (a browser does not tell the server).").row,
       h("label", { class: "small" }, fromFeedback, " From runs marked right or wrong instead"),
       field("Holdout share", holdout).row,
       h("div", { class: "actions" }, h("button", { type: "submit" }, "Import dataset"))),
@@ -168,10 +185,23 @@ function versionsSection() {
       replace(out, h("p", { class: "ok" }, `Version ${id} is active: new runs use it.`));
       await load();
     } catch (err) {
-      const reason = h("input", { maxlength: "2000", placeholder: "why promote it anyway" });
-      const again = h("button", { type: "button", class: "secondary", onclick: () => reason.value.trim() && promote(id, reason.value.trim()) }, "Promote anyway");
-      replace(out, errorBox(err), err.status === 409 && !override ? h("div", { class: "inline-form" }, field("Override reason", reason).row, again) : null);
+      replace(out, errorBox(err), err.status === 409 && !override && !/already active/.test(err.message) ? overrideForm(id) : null);
     }
+  };
+  // A version the gate refuses is promoted only with a reason, kept in the history.
+  const overrideForm = (id, why) => {
+    const reason = h("input", { maxlength: "2000", placeholder: "why promote it anyway" });
+    const send = h("button", { type: "button", class: "danger", disabled: true, onclick: () => promote(id, reason.value.trim()) }, "Promote with this reason");
+    reason.addEventListener("input", () => { send.disabled = !reason.value.trim(); });
+    return h("div", { class: "inline-form" },
+      why ? h("p", { class: "small" }, `Version ${id} does not pass the promotion gate: ${why}.`) : null,
+      field("Reason for the override", reason).row, send);
+  };
+  const promoteButton = (v) => {
+    if (v.active) return null;
+    if (v.gate.passed) return h("button", { type: "button", onclick: () => promote(v.id) }, `Promote ${v.id}`);
+    return h("button", { type: "button", class: "secondary", title: `The gate fails: ${v.gate.reason}`,
+      onclick: () => replace(out, overrideForm(v.id, v.gate.reason)) }, "Promote anyway…");
   };
   const rollback = async () => {
     try {
@@ -188,8 +218,9 @@ function versionsSection() {
       const c = await api(`/api/programs/compare?a=${encodeURIComponent(a.value)}&b=${encodeURIComponent(b.value)}`);
       const row = (k) => h("tr", {}, h("th", { scope: "row" }, k), h("td", {}, score(c.scores[c.a][k])), h("td", {}, score(c.scores[c.b][k])));
       replace(out, h("h3", {}, `${c.a} vs ${c.b}`),
-        h("table", { class: "compare" }, h("thead", {}, h("tr", {}, h("th", {}, "Score"), h("th", {}, c.a), h("th", {}, c.b))),
-          h("tbody", {}, ["train_after", "holdout_after"].map(row))),
+        h("div", { class: "table-wrap" }, h("table", { class: "compare" },
+          h("thead", {}, h("tr", {}, h("th", {}, "Score"), h("th", {}, c.a), h("th", {}, c.b))),
+          h("tbody", {}, ["train_after", "holdout_after"].map(row)))),
         Object.entries(c.instructions).map(([name, diff]) => h("div", {},
           h("h4", {}, `${name}: instructions`), h("pre", { class: "diff" }, diff || "(the same)"),
           h("p", { class: "small" }, `demos only in ${c.a}: ${c.demos[name].only_a.length}, only in ${c.b}: ${c.demos[name].only_b.length}, shared: ${c.demos[name].shared}`))));
@@ -205,7 +236,7 @@ function versionsSection() {
         h("td", {}, v.active ? "active" : ""), h("td", {}, v.id), h("td", {}, v.optimizer), h("td", {}, v.metric),
         h("td", {}, `${score(v.scores.train_before)} → ${score(v.scores.train_after)}`),
         h("td", {}, `${score(v.scores.holdout_before)} → ${score(v.scores.holdout_after)}`),
-        h("td", {}, v.active ? null : h("button", { type: "button", onclick: () => promote(v.id) }, `Promote ${v.id}`))))
+        h("td", {}, promoteButton(v))))
         : h("tr", {}, h("td", { colspan: "7", class: "muted" }, "No versions yet: run an optimization.")));
       const ids = ["builtin", ...res.versions.map((v) => v.id)];
       replace(a, ids.map((id) => h("option", { value: id }, id)));

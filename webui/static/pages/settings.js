@@ -12,6 +12,40 @@ const GROUPS = [
   ["Sandbox", ["sandbox", "daytona_api_key", "daytona_api_url", "daytona_target"]],
 ];
 
+// What each setting is called here; its key (`lm_model`) is shown small beside it, for `fleet-rlm config set`.
+const LABELS = {
+  home: "Data folder",
+  lm_model: "Root model", lm_api_base: "Root model API base URL", lm_api_key: "Root model API key",
+  lm_price_per_mtok_in: "Root model price per million prompt tokens (USD)",
+  lm_price_per_mtok_out: "Root model price per million reply tokens (USD)",
+  sub_lm_model: "Sub model", sub_lm_api_base: "Sub model API base URL", sub_lm_api_key: "Sub model API key",
+  sub_lm_price_per_mtok_in: "Sub model price per million prompt tokens (USD)",
+  sub_lm_price_per_mtok_out: "Sub model price per million reply tokens (USD)",
+  lm_max_tokens: "Max tokens per reply", lm_retries: "Model call retries", lm_timeout: "Model call timeout (seconds)",
+  prompt_cache: "Prompt cache (Anthropic)",
+  sandbox: "Sandbox backend", isolation: "Local sandbox isolation", exec_timeout: "Step time limit (seconds)",
+  memory_mb: "Sandbox memory (MB)", max_procs: "Sandbox processes and threads", output_chars: "Output the model sees (characters)",
+  work_quota_mb: "Work folder quota (MB)", work_max_files: "Work folder entries",
+  host_call_mb: "Host-call data per sandbox (MB)", host_call_total_mb: "Host-call data in all (MB)",
+  subcall_max_chars: "Longest llm_query prompt (characters)",
+  max_iters: "Steps per RLM", max_llm_calls: "Model calls per run", max_depth: "Child RLM depth",
+  max_seconds: "Seconds per run", max_cost: "Cost per run (USD)",
+  concurrency: "Concurrent sub-queries", child_concurrency: "Concurrent child RLMs",
+  context_roots: "Context folders allowed", session_idle_seconds: "Session idle timeout (seconds)",
+  volume_quota_mb: "Volume quota (MB)", volume_max_files: "Volume entries", upload_max_mb: "Largest upload (MB)",
+  retention_days: "Keep runs for (days)", otel: "OpenTelemetry export", otel_endpoint: "OpenTelemetry collector URL",
+  daytona_api_key: "Daytona API key", daytona_api_url: "Daytona API URL", daytona_target: "Daytona target region",
+  daytona_snapshot: "Daytona snapshot", daytona_network: "Daytona network egress",
+  daytona_children: "Daytona child RLMs", daytona_max_sandboxes: "Daytona sandboxes at once",
+  daytona_auto_stop_minutes: "Daytona auto-stop (minutes)", daytona_cost_per_hour: "Daytona cost per hour (USD)",
+  daytona_volume_prefix: "Daytona volume prefix",
+  mcp_token: "MCP and web token",
+  agent_lm_model: "Agent model", agent_lm_api_base: "Agent model API base URL", agent_lm_api_key: "Agent model API key",
+  agent_volume: "Agent volume", agent_approval_ttl_seconds: "Approval wait (seconds)",
+  agent_run_cost_threshold: "Agent run cost needing approval (USD)", agent_fetch_max_mb: "Largest agent download (MB)",
+  agent_allowed_hosts: "Private hosts the agent may fetch",
+};
+
 function sourceNote(s) {
   if (s.overridden_by_env) return "set in the environment, which wins over what is saved here";
   return s.set ? `from ${s.source}` : "not set";
@@ -39,9 +73,10 @@ function settingField(s, save) {
     input.dataset.initial = input.value;
   }
   if (s.restart_only) input.disabled = true;  // the server refuses it: say how instead
-  const label = s.secret ? `${s.name} (stored in the keyring)` : s.name;
+  const name = LABELS[s.name] || s.name;
+  const label = s.secret ? `${name} (stored in the keyring)` : name;
   const note = s.restart_only ? `Read-only here: ${s.restart_only}.` : sourceNote(s);
-  const { row } = field(label, input, `${s.description || ""} ${s.description ? "·" : ""} ${note}`.trim());
+  const { row } = field(label, input, [h("code", { class: "key" }, s.name), " · ", s.description ? `${s.description} · ` : "", note]);
   if (s.secret) {
     // The server sends a secret masked or not at all: only whether it is set, never the key.
     const shown = h("span", { class: "masked", dataset: { masked: s.name } },

@@ -7,7 +7,7 @@ import { TraceModel, TraceTree, answerBlock } from "../trace.js";
 import { renderChat } from "./chat.js";
 
 // Survives leaving the page: the session and its turns are shown again (replayed) on return.
-const state = { sessionId: null, turns: [], mode: "run" };
+const state = { sessionId: null, turns: [] };
 
 const LIMITS = [
   ["max_iters", "Steps per RLM", "1"],
@@ -83,6 +83,35 @@ function volumePicker(onAdd) {
   return el;
 }
 
+/** Which model runs, or that none is set: the first thing to fix on a fresh machine. */
+function modelStatus() {
+  const line = h("div", { id: "model-status", class: "model-status small" }, "Checking the model…");
+  const settingsLink = (text) => h("a", { href: "#/settings" }, text);
+  api("/api/settings").then(({ settings }) => {
+    const model = settings.find((s) => s.name === "lm_model");
+    if (model && model.value) replace(line, "Model: ", h("code", {}, String(model.value)), " · ", settingsLink("change it in Settings"));
+    else replace(line, h("strong", { class: "error" }, "No model configured"), ": runs need one. ", settingsLink("Set the root model in Settings"));
+  }, (err) => replace(line, errorBox(err)));
+  return line;
+}
+
+/** What to do first, in the space the runs will fill: three steps, and the sample of a checkout as a first context. */
+function firstSteps(useSample) {
+  const sample = h("div", {}, h("p", { class: "muted small" }, "Looking for the sample…"));
+  api("/api/sample").then((found) => replace(sample, found.path
+    ? h("button", { type: "button", class: "secondary", onclick: () => useSample(found) }, "Use the sample: incident logs")
+    : h("p", { class: "muted small" }, "A sample to try ships with a fleet-rlm checkout: examples/incident/, the logs of a "
+      + "failed deploy (examples/README.md). This server cannot read it here, so start with files of your own.")),
+  (err) => replace(sample, errorBox(err)));
+  return h("section", { id: "first-steps", class: "card", "aria-labelledby": "first-steps-title" },
+    h("h2", { id: "first-steps-title" }, "First steps"),
+    h("ol", {},
+      h("li", {}, "Set a model in ", h("a", { href: "#/settings" }, "Settings"), " if the line above says none is configured."),
+      h("li", {}, "Give the context: drop or choose files, paste text, pick files of a volume, or use the sample."),
+      h("li", {}, "Write a question and press Run: the trace grows here step by step, and the answer appears above it.")),
+    sample);
+}
+
 /** One question and its run: live trace, status, stop, answer. */
 function turnView(turn) {
   const status = h("span", {}, badge("queued"));
@@ -128,11 +157,12 @@ function renderRunMode(main) {
   const views = [];
   const question = h("textarea", { rows: "3", required: true, placeholder: "What do you want to know about the inputs?" });
   const pasted = h("textarea", { rows: "3", placeholder: "Optional: paste text to use as context" });
-  const volPaths = [];
-  const volChips = h("ul", { class: "chips", "aria-label": "Volume files added" });
-  const renderVolChips = () => replace(volChips, volPaths.map((p) => h("li", { class: "chip" }, h("span", {}, p),
+  const contextPaths = [];
+  const pathChips = h("ul", { class: "chips", "aria-label": "Files and folders added" });
+  const renderPathChips = () => replace(pathChips, contextPaths.map((p) => h("li", { class: "chip" }, h("span", {}, p),
     h("button", { type: "button", class: "icon", "aria-label": `Remove ${p}`,
-      onclick: () => { volPaths.splice(volPaths.indexOf(p), 1); renderVolChips(); } }, "×"))));
+      onclick: () => { contextPaths.splice(contextPaths.indexOf(p), 1); renderPathChips(); } }, "×"))));
+  const addPath = (p) => { if (!contextPaths.includes(p)) contextPaths.push(p); renderPathChips(); };
   const files = attachments();
   const picker = h("input", { type: "file", multiple: true });
   picker.addEventListener("change", () => { files.add([...picker.files]); picker.value = ""; });
@@ -166,6 +196,7 @@ function renderRunMode(main) {
     run.textContent = follow ? "Ask follow-up" : "Run";
     sessionLine.textContent = state.sessionId ? `Session ${state.sessionId} · ${state.turns.length} run(s)` : "";
     newSession.hidden = !state.sessionId;
+    guide.hidden = follow;
   };
   const qField = field(qLabel, question, "Ctrl+Enter runs.");
   question.addEventListener("keydown", (e) => {
@@ -174,13 +205,18 @@ function renderRunMode(main) {
   const form = h("form", { class: "card ask", "aria-labelledby": "wb-title" },
     qField.row,
     h("fieldset", {}, h("legend", {}, "Context"), drop, field("Pasted text", pasted).row,
-      volumePicker((p) => { if (!volPaths.includes(p)) volPaths.push(p); renderVolChips(); }), volChips),
+      volumePicker(addPath), pathChips),
     h("details", { class: "limits" }, h("summary", {}, "Limits"),
       h("div", { class: "grid-limits" }, LIMITS.map(([name, label]) => field(label, limitInputs[name]).row)),
       h("p", { class: "muted small" }, "Empty: the defaults from Settings.")),
     h("div", { class: "actions" }, run, newSession, sessionLine),
     formStatus);
   const turns = h("div", { class: "turns" });
+  const guide = firstSteps((sample) => {
+    addPath(sample.path);
+    if (!question.value.trim()) question.value = sample.question;
+    question.focus();
+  });
 
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
@@ -199,7 +235,7 @@ function renderRunMode(main) {
         state.sessionId = (await api("/api/sessions", { method: "POST", json: { name: text.slice(0, 60) } })).id;
       }
       const body = { question: text, session_id: state.sessionId, upload_ids: files.items.map((it) => it.id),
-        context_paths: [...volPaths], context_text: pasted.value.trim() ? [pasted.value] : [] };
+        context_paths: [...contextPaths], context_text: pasted.value.trim() ? [pasted.value] : [] };
       for (const [name, input] of Object.entries(limitInputs)) {
         if (input.value !== "") body[name] = Number(input.value);
       }
@@ -213,8 +249,8 @@ function renderRunMode(main) {
       question.value = "";
       pasted.value = "";
       files.clear();
-      volPaths.length = 0;
-      renderVolChips();
+      contextPaths.length = 0;
+      renderPathChips();
       formStatus.textContent = "";
       showSession();
     } catch (err) {
@@ -224,7 +260,7 @@ function renderRunMode(main) {
     }
   });
 
-  replace(main, h("div", { class: "workbench" }, form, turns));
+  replace(main, h("div", { class: "workbench" }, form, h("div", {}, guide, turns)));
   for (const turn of state.turns) {
     const view = turnView(turn);
     views.push(view);
@@ -234,22 +270,15 @@ function renderRunMode(main) {
   return () => { for (const v of views) v.close(); };
 }
 
-/** The page: Run mode (above) or Chat mode (pages/chat.js: the workspace agent), switched by tabs. */
-export function renderWorkbench(main) {
-  let cleanup = null;
-  const body = h("div", { id: "wb-mode", role: "tabpanel" });
-  const tabs = Object.fromEntries([["run", "Run"], ["chat", "Chat"]].map(([mode, label]) => [mode,
+/** The page: Run mode (above) or Chat mode (pages/chat.js: the workspace agent), switched by tabs. Each
+ *  mode has its own address (#/workbench, #/workbench/chat), so Back and bookmarks keep it. */
+export function renderWorkbench(main, params = {}) {
+  const current = params.mode === "chat" ? "chat" : "run";
+  const body = h("div", { id: "wb-mode", role: "tabpanel", "aria-labelledby": `wb-tab-${current}` });
+  const tabs = [["run", "Run", "#/workbench"], ["chat", "Chat", "#/workbench/chat"]].map(([mode, label, route]) =>
     h("button", { type: "button", role: "tab", class: "ghost small", id: `wb-tab-${mode}`, "aria-controls": "wb-mode",
-      onclick: () => show(mode) }, label)]));
-  const show = (mode) => {
-    if (typeof cleanup === "function") cleanup();
-    state.mode = mode;
-    for (const [name, tab] of Object.entries(tabs)) tab.setAttribute("aria-selected", String(name === mode));
-    body.setAttribute("aria-labelledby", `wb-tab-${mode}`);
-    cleanup = (mode === "chat" ? renderChat : renderRunMode)(body);
-  };
-  replace(main, h("h1", { id: "wb-title" }, "Workbench"),
-    h("div", { role: "tablist", class: "mode-tabs", "aria-label": "Workbench mode" }, Object.values(tabs)), body);
-  show(state.mode);
-  return () => { if (typeof cleanup === "function") cleanup(); };
+      "aria-selected": String(mode === current), onclick: () => { location.hash = route; } }, label));
+  replace(main, h("h1", { id: "wb-title" }, "Workbench"), modelStatus(),
+    h("div", { role: "tablist", class: "mode-tabs", "aria-label": "Workbench mode" }, tabs), body);
+  return (current === "chat" ? renderChat : renderRunMode)(body);
 }
