@@ -37,6 +37,21 @@ def test_bound_checker_fails_a_regressed_ratio() -> None:
     assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit", "full")
 
 
+def test_cli_bounds_fail_a_planted_2x_regression() -> None:
+    """Each `cli` bound holds the highest value measured here and fails twice it: a first model call twice
+    as late, or a read command twice as slow, against the same floor."""
+    measured = {
+        ("cli.first_request_over_import_dspy", "quick"): 1.31,
+        ("cli.first_request_over_import_dspy", "full"): 1.31,
+        ("cli.read_cpu_over_python", "quick"): 16.4,
+        ("cli.read_cpu_over_python", "full"): 16.4,
+        ("cli.read_over_python", "full"): 22.9,
+    }
+    for (ratio, mode), value in measured.items():
+        assert _verdict({ratio: value}, ratio, mode), (ratio, mode)
+        assert not _verdict({ratio: 2 * value}, ratio, mode), (ratio, mode)
+
+
 def _remeasured(first: float, second: float) -> dict:
     """A report whose ``cold`` figure measured ``first``, then ``second`` when measured again."""
     values = iter([first, second])
@@ -158,17 +173,30 @@ def test_workloads_are_seeded_and_their_reader_reaches_the_expected_answers(tmp_
     assert wl.timed_answer("256 in 1.6000s") == ("256", 1.6)
 
 
+# The --quick run in parts, so that parallel workers share it; each part holds its figures' bounds.
+QUICK_PARTS = ["server,step", "fanout", "children", "cold,cli", "web,sse", "load", "desktop", "prompt,tasks"]
+
+
+def test_the_parts_cover_every_quick_figure() -> None:
+    parts = [figure for part in QUICK_PARTS for figure in part.split(",")]
+    assert sorted(parts) == sorted(f.id for f in FIGURES if f.quick)
+
+
 @pytest.mark.slow
-def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path) -> None:
-    done = _bench(tmp_path)
+@pytest.mark.parametrize("part", QUICK_PARTS)
+def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path, part: str) -> None:
+    done = _bench(tmp_path, "--only", part)
     report = json.loads(done.stdout)
     failed = [v for v in report["bounds"] if not v["ok"]]
     assert done.returncode == 0 and not failed, (failed, done.stderr[-2000:])
-    step = next(f for f in report["figures"] if f["id"] == "step")
-    assert {"fleet", "stock"} <= set(step["columns"])
-    assert report["ratios"]["step.1KB.stock_over_fleet"] is not None
-    # `fleet web`'s figures are measured, every SSE event reaching every subscriber.
-    assert {"web", "sse"} <= {f["id"] for f in report["figures"] if f["available"]}
-    assert report["ratios"]["sse.all_delivered"] == 1.0
-    # A wave of runs at once through `fleet web` on the real sandbox: every run finished, nothing left.
-    assert report["ratios"]["load.all_finished"] == 1.0 and report["ratios"]["load.sandboxes_left"] == 0.0
+    assert report["bounds"], "every part has bounds to hold"
+    ratios = report["ratios"]
+    if "step" in part:
+        step = next(f for f in report["figures"] if f["id"] == "step")
+        assert {"fleet", "stock"} <= set(step["columns"])
+        assert ratios["step.1KB.stock_over_fleet"] is not None
+    if part == "web,sse":  # `fleet web`'s figures are measured, every SSE event reaching every subscriber
+        assert all(f["available"] for f in report["figures"])
+        assert ratios["sse.all_delivered"] == 1.0
+    if part == "load":  # a wave of runs at once through `fleet web` on the real sandbox
+        assert ratios["load.all_finished"] == 1.0 and ratios["load.sandboxes_left"] == 0.0

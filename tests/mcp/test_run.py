@@ -151,7 +151,7 @@ async def test_cancel_run_tool(client: Client, slow: OracleLM) -> None:
     first = (await client.call_tool("cancel_run", {"run_id": run_id})).structured_content
     assert first == {"run_id": run_id, "cancelled": True, "status": "cancelled", "message": "cancelled"}
     again = (await client.call_tool("cancel_run", {"run_id": run_id})).structured_content
-    assert again is not None and again["cancelled"] is False and "already finished" in again["message"]
+    assert again is not None and again["cancelled"] is False and "already ended" in again["message"]
     listed = (await client.call_tool("list_runs", {"status": "cancelled"})).structured_content
     assert [r["run_id"] for r in listed["runs"]] == [run_id]  # type: ignore[index]
 

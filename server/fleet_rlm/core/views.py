@@ -93,6 +93,15 @@ class RunSummary(BaseModel):
     fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
 
 
+class CancelResult(BaseModel):
+    """What a request to stop a run did (every face returns this one view)."""
+
+    run_id: str
+    cancelled: bool = Field(description="True if this request stopped the run.")
+    status: RunStatus
+    message: str
+
+
 class RunList(BaseModel):
     runs: list[RunSummary]
     offset: int

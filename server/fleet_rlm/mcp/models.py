@@ -12,6 +12,7 @@ from fleet_rlm.core import views
 from fleet_rlm.core.rerun import ReplayReport
 from fleet_rlm.core.types import RunStatus
 from fleet_rlm.core.views import (
+    CancelResult,
     FileEntry,
     FileList,
     Progress,
@@ -26,7 +27,7 @@ from fleet_rlm.core.views import (
 )
 
 __all__ = [
-    "CancelOutput", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress",
+    "CancelResult", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress",
     "ReplayOutput", "RunList", "RunOutput", "RunState", "RunSummary", "StartedRun", "StepDetail", "StepSummary",
     "SubcallView", "TraceView", "VolumeInfo", "VolumeList", "WrittenFile",
 ]
@@ -70,13 +71,6 @@ class StartedRun(BaseModel):
     status: RunStatus
     run_uri: str = Field(description="Resource with the run's current state.")
     trace_uri: str
-
-
-class CancelOutput(BaseModel):
-    run_id: str
-    cancelled: bool = Field(description="True if this call stopped the run.")
-    status: RunStatus
-    message: str
 
 
 class FileContent(views.TextRange):

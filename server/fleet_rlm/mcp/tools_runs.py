@@ -11,11 +11,12 @@ from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from fleet_rlm.core import operations
 from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.core.progress import ProgressTracker
-from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest, RunResult, RunStatus
+from fleet_rlm.core.types import RunRequest, RunResult, RunStatus
 from fleet_rlm.mcp.models import (
-    CancelOutput,
+    CancelResult,
     ForkOutput,
     ReplayOutput,
     RunList,
@@ -230,29 +231,10 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             open_world_hint=False,
         ),
     )
-    async def cancel_run(run_id: RunId) -> CancelOutput:
+    async def cancel_run(run_id: RunId) -> CancelResult:
         eng = await engine()
         with user_errors():
-            rec = eng.workspace.run(run_id)
-        run_id = rec.id
-        if rec.status not in ACTIVE_STATUSES:
-            return CancelOutput(
-                run_id=run_id,
-                cancelled=False,
-                status=rec.status,
-                message=f"the run already finished: {rec.status}",
-            )
-        with anyio.CancelScope(shield=True):  # once asked, finish recording the cancellation
-            cancelled = await eng.cancel(run_id)
-        rec = eng.get_run(run_id) or rec
-        owner = f"pid {rec.owner_pid} on {rec.owner_host}"
-        message = "cancelled" if cancelled else f"another process ({owner}) runs it; cancel it there"
-        return CancelOutput(
-            run_id=run_id,
-            cancelled=cancelled,
-            status=rec.status,
-            message=message,
-        )
+            return await operations.cancel_run(eng, run_id)
 
     @server.tool(
         title="List recent runs",

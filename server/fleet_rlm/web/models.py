@@ -71,13 +71,6 @@ class ForkStart(Strict):
     max_iters: int | None = Field(None, ge=1, le=1000, description="Steps per node (default: the run's).")
 
 
-class CancelResult(BaseModel):
-    run_id: str
-    cancelled: bool
-    status: RunStatus
-    message: str
-
-
 class TraceQuery(BaseModel):
     node: str = Field("root", max_length=200)
     step: int | None = Field(None, ge=0)

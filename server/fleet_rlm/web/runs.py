@@ -11,10 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive
 
-from fleet_rlm.core import housekeeping, html_export, uploads, views
+from fleet_rlm.core import housekeeping, html_export, operations, uploads, views
 from fleet_rlm.core.errors import NotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport
-from fleet_rlm.core.types import ACTIVE_STATUSES, RunRequest
+from fleet_rlm.core.types import RunRequest
+from fleet_rlm.core.views import CancelResult
 from fleet_rlm.web import models as m
 from fleet_rlm.web.api import Call, Routes
 from fleet_rlm.web.sse import EventsQuery, stream_events
@@ -87,21 +88,9 @@ async def fork_run(call: Call) -> m.RunStarted:
     return m.RunStarted(run_id=fork_id, status="queued")
 
 
-@routes.add("POST", "/api/runs/{run_id}/cancel", "Stop a run of this server", response=m.CancelResult)
-async def cancel_run(call: Call) -> m.CancelResult:
-    ws = call.engine.workspace
-    row = ws.run(call.path["run_id"])
-    run_id = row.id
-    if row.status not in ACTIVE_STATUSES:
-        message = f"the run already ended ({row.status})"
-        return m.CancelResult(run_id=run_id, cancelled=False, status=row.status, message=message)  # type: ignore[arg-type]
-    if await call.engine.cancel(run_id):
-        return m.CancelResult(run_id=run_id, cancelled=True, status=ws.run(run_id).status, message="cancelled")  # type: ignore[arg-type]
-    message = (
-        f"the run belongs to another process (pid {row.owner_pid} on {row.owner_host}): stop it there "
-        "(Ctrl-C in its terminal, or cancel it from its MCP client)"
-    )
-    return m.CancelResult(run_id=run_id, cancelled=False, status=row.status, message=message)  # type: ignore[arg-type]
+@routes.add("POST", "/api/runs/{run_id}/cancel", "Stop a run of this server", response=CancelResult)
+async def cancel_run(call: Call) -> CancelResult:
+    return await operations.cancel_run(call.engine, call.path["run_id"])
 
 
 @routes.add("GET", "/api/runs/{run_id}/trace", "One node of a run's trace, paged; or one step in full",

@@ -1,0 +1,50 @@
+"""The operations every face offers, on their own: what a face returns is what these return."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fleet_rlm.core import operations
+from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.types import RunRequest
+from tests.core.test_follow_cli_run import kill, run_id_of, start_cli_run
+from tests.support import fake_sandbox
+from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_cancel_stops_a_live_run_and_leaves_an_ended_one(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_sandbox.register()
+    monkeypatch.setenv("FLEET_SANDBOX", "fake")
+    oracle.state.latency = 0.5
+    oracle.add(Scenario("slow one", ["print(1)", "print(2)", "print(3)", "SUBMIT('late')"]))
+    async with Engine() as engine:
+        run_id = await engine.start_run(RunRequest("slow one", context_text="x"))
+        while not oracle.requests():  # the run is under way: its first model call has arrived
+            await asyncio.sleep(0.02)
+        stopped = await operations.cancel_run(engine, "last")
+        assert (stopped.run_id, stopped.cancelled, stopped.status) == (run_id, True, "cancelled")
+        again = await operations.cancel_run(engine, run_id[-6:])  # any run reference
+        assert (again.cancelled, again.status) == (False, "cancelled")
+        assert again.message == "the run already ended (cancelled)"
+
+
+@pytest.mark.slow
+async def test_cancel_names_the_process_that_owns_the_run(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+    oracle.state.latency = 0.5
+    oracle.add(Scenario("elsewhere", ["print(1)", "print(2)", "print(3)", "SUBMIT('x')"]))
+    async with Engine() as engine:
+        proc = start_cli_run("elsewhere", fleet_env, tmp_path / "cli.log")
+        try:
+            run_id = await run_id_of(engine, "elsewhere")
+            result = await operations.cancel_run(engine, run_id)
+        finally:
+            kill(proc)
+    assert not result.cancelled and result.status in ("queued", "running")
+    assert f"another process (pid {proc.pid} on " in result.message and "stop it there" in result.message
