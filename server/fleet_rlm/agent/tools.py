@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from agent_framework import FunctionTool, tool
 from pydantic import Field
 
+from fleet_rlm.core import operations
 from fleet_rlm.core.errors import FleetError, UserError
 from fleet_rlm.core.limits import MAX_COST
-from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.volumes import parse_volume_ref
 
 if TYPE_CHECKING:
@@ -326,25 +326,11 @@ async def _in_turn(tc: TurnContext, run_id: str) -> Any:
     tc.runs.append(run_id)
     await tc.store.write(tc.store.link_run, tc.conversation["id"], run_id, tc.turn_id)
     tc.emit({"kind": "run.started", "run_id": run_id})
-    finished = False
-    try:
-        await _follow(engine, run_id, tc.emit)
-        result = await engine.wait(run_id)
-        finished = True
-    finally:
-        if not finished:  # the turn was stopped: so is its run
-            await engine.cancel(run_id)
+
+    async def progress(_events: int, line: str) -> None:
+        tc.emit({"kind": "run.progress", "run_id": run_id, "message": line})
+
+    # A stopped turn stops its run.
+    result = await operations.follow_to_end(engine, run_id, progress, interval=PROGRESS_SECONDS)
     tc.emit({"kind": "run.finished", "run_id": run_id, "status": result.status})
     return result
-
-
-async def _follow(engine: Engine, run_id: str, emit: Emit) -> None:
-    """Relay the run's progress lines into the conversation, at most one per interval (and the last)."""
-    tracker, last = ProgressTracker(), 0.0
-    async with contextlib.aclosing(engine.subscribe(run_id)) as events:
-        async for event in events:
-            line = tracker.feed(event)
-            now = time.monotonic()
-            if line is not None and (now - last >= PROGRESS_SECONDS or event["kind"] == "run.finished"):
-                last = now
-                emit({"kind": "run.progress", "run_id": run_id, "message": line})

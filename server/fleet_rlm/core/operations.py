@@ -6,15 +6,25 @@ returned view into its own wire; it decides nothing itself, so the faces cannot 
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
 
-from fleet_rlm.core.types import ACTIVE_STATUSES
+from fleet_rlm.core.progress import ProgressTracker
+from fleet_rlm.core.types import ACTIVE_STATUSES, RunResult
 from fleet_rlm.core.views import CancelResult
 
 if TYPE_CHECKING:  # the faces import this module at start-up; the engine (dspy) loads on first use
     from fleet_rlm.core.engine import Engine
+
+Report = Callable[[int, str], Awaitable[None]]
+"""Receives a progress line and how many events led to it (a count that only grows)."""
+
+BATCH_INTERVAL = 0.25  # seconds between progress lines inside one batch of sub-queries
+CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and record itself
 
 
 async def cancel_run(engine: Engine, ref: str) -> CancelResult:
@@ -36,3 +46,42 @@ async def cancel_run(engine: Engine, ref: str) -> CancelResult:
     owner = f"pid {row.owner_pid} on {row.owner_host}"
     message = f"another process ({owner}) runs it: stop it there"
     return CancelResult(run_id=row.id, cancelled=False, status=row.status, message=message)
+
+
+async def follow(engine: Engine, job_id: str, report: Report, *, interval: float = BATCH_INTERVAL) -> None:
+    """Relay a run's (or an optimization's) progress lines until it ends: every step, child and
+    ending, and inside a batch of sub-queries at most one line per ``interval`` and always its last."""
+    tracker = ProgressTracker()
+    last_report = 0.0
+    async with contextlib.aclosing(engine.subscribe(job_id)) as events:
+        async for event in events:
+            line = tracker.feed(event)
+            if line is None:
+                continue
+            now, s = time.monotonic(), tracker.state
+            in_batch = event["kind"] == "subcall.finished" and s.subqueries_done < s.subqueries_total
+            if in_batch and now - last_report < interval:
+                continue
+            last_report = now
+            await report(s.events, line)
+
+
+@contextlib.asynccontextmanager
+async def stopped_if_abandoned(engine: Engine, job_id: str) -> AsyncIterator[None]:
+    """Around a face's wait for a run or an optimization: a waiter that is cancelled (its client went
+    away, its turn was stopped) cancels the job, so it is recorded cancelled rather than left going."""
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        if not finished:  # shielded, or the pending cancellation would abort the clean-up itself
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
+                await engine.cancel(job_id)
+
+
+async def follow_to_end(engine: Engine, run_id: str, report: Report, *, interval: float = BATCH_INTERVAL) -> RunResult:
+    """``follow`` a started run and return its result; abandoned, the run is stopped."""
+    async with stopped_if_abandoned(engine, run_id):
+        await follow(engine, run_id, report, interval=interval)
+        return await engine.wait(run_id)

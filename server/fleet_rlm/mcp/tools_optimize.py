@@ -7,11 +7,11 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import anyio
 from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from fleet_rlm.core import operations
 from fleet_rlm.mcp.resources import _resource_errors
 from fleet_rlm.mcp.views import user_errors
 from fleet_rlm.optimize.views import Estimate, OptimizationState, VersionDetail, VersionList
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
     from fleet_rlm.core.engine import Engine
     from fleet_rlm.mcp.provider import EngineProvider
-
-CANCEL_GRACE = 30.0
 
 
 def optimization_uri(opt_id: str) -> str:
@@ -83,14 +81,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
                              resource_uri=optimization_uri(opt_id))  # fmt: skip
         if not wait:
             return out
-        finished = False
-        try:
+        async with operations.stopped_if_abandoned(eng, opt_id):  # a cancelled call stops it too
             await _follow(eng, opt_id, ctx)
-            finished = True
-        finally:
-            if not finished:  # the client cancelled the call: stop the optimization too
-                with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
-                    await eng.cancel(opt_id)
         final = runner.state(eng.workspace.store, opt_id)
         return out.model_copy(update={"status": final.status, "result": final})
 

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import time
 from typing import TYPE_CHECKING, Annotated, Any
 
-import anyio
 from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from fleet_rlm.core import operations
 from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
-from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.core.types import RunRequest, RunResult, RunStatus
 from fleet_rlm.mcp.models import (
     CancelResult,
@@ -34,8 +30,6 @@ if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
     from fleet_rlm.mcp.provider import EngineProvider
 
-SUBQUERY_REPORT_INTERVAL = 0.25  # seconds between progress lines inside one batch of sub-queries
-CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and record itself
 
 Question = Annotated[
     str,
@@ -352,35 +346,13 @@ def _request(
 
 
 async def _to_the_end(engine: Engine, run_id: str, ctx: Context) -> RunResult:
-    """Relay a started run's progress until it finishes; if the client cancels (or goes away), stop
-    the run so it is recorded cancelled."""
-    finished = False
-    try:
-        await _follow(engine, run_id, ctx)
-        result = await engine.wait(run_id)
-        finished = True
-    finally:
-        if not finished:
-            # Shielded, or the pending cancellation would abort the cleanup itself.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE):
-                await engine.cancel(run_id)
-    return result
+    """Relay a started run's progress to the client until it finishes; a client that cancels (or goes
+    away) stops the run."""
+    return await operations.follow_to_end(engine, run_id, _reporter(ctx))
 
 
-async def _follow(engine: Engine, run_id: str, ctx: Context) -> None:
-    """Relay the run's events as progress until it finishes."""
-    tracker = ProgressTracker()
-    last_report = 0.0
-    async with contextlib.aclosing(engine.subscribe(run_id)) as events:
-        async for event in events:
-            line = tracker.feed(event)
-            if line is None:
-                continue
-            now = time.monotonic()
-            s = tracker.state
-            in_batch = event["kind"] == "subcall.finished" and s.subqueries_done < s.subqueries_total
-            if in_batch and now - last_report < SUBQUERY_REPORT_INTERVAL:
-                continue  # inside a batch: at most one line per interval, and always its last
-            last_report = now
-            # progress must strictly increase: the event count does, the step number may not.
-            await ctx.report_progress(s.events, None, line)
+def _reporter(ctx: Context) -> operations.Report:
+    async def report(events: int, line: str) -> None:
+        await ctx.report_progress(events, None, line)  # progress must strictly increase: the event count does
+
+    return report
