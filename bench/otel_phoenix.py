@@ -70,7 +70,7 @@ async def run_needle(home: Path) -> str:
     from tests.support.workloads import NEEDLE_STEPS, write_haystack
 
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.types import RunRequest
+    from fleet_rlm.types import RunRequest
 
     with OracleLM() as oracle:
         oracle.add(Scenario("secret code", NEEDLE_STEPS))

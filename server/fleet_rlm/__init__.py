@@ -22,15 +22,15 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Engine": "fleet_rlm.core.engine",
-    "RunRequest": "fleet_rlm.core.types",
-    "RunResult": "fleet_rlm.core.types",
+    "RunRequest": "fleet_rlm.types",
+    "RunResult": "fleet_rlm.types",
     "Workspace": "fleet_rlm.core.workspace",
     "SandboxInterpreter": "fleet_rlm.sandbox.interpreter",
-    "FleetError": "fleet_rlm.core.errors",
-    "UserError": "fleet_rlm.core.errors",
-    "NotFound": "fleet_rlm.core.errors",
-    "Conflict": "fleet_rlm.core.errors",
-    "Unavailable": "fleet_rlm.core.errors",
+    "FleetError": "fleet_rlm.errors",
+    "UserError": "fleet_rlm.errors",
+    "NotFound": "fleet_rlm.errors",
+    "Conflict": "fleet_rlm.errors",
+    "Unavailable": "fleet_rlm.errors",
     "load_settings": "fleet_rlm.config",
 }
 __all__ = [
@@ -41,10 +41,10 @@ __all__ = [
 if TYPE_CHECKING:
     from fleet_rlm.config import load_settings
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.errors import Conflict, FleetError, NotFound, Unavailable, UserError
-    from fleet_rlm.core.types import RunRequest, RunResult
     from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.errors import Conflict, FleetError, NotFound, Unavailable, UserError
     from fleet_rlm.sandbox.interpreter import SandboxInterpreter
+    from fleet_rlm.types import RunRequest, RunResult
 
 
 def __getattr__(name: str) -> Any:

@@ -33,8 +33,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from fleet_rlm.core.errors import UserError
-from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
+from fleet_rlm.errors import UserError
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.redaction import remember_secrets
 
 KEYRING_SERVICE = "fleet-rlm"
@@ -223,7 +223,7 @@ class Settings(BaseSettings):
         4_000_000, ge=1, description="Longest llm_query prompt, characters; a longer one fails in the REPL, unsent."
     )
 
-    # Bounds, defaults and descriptions from the one declaration of the run limits (core/limits.py).
+    # Bounds, defaults and descriptions from the one declaration of the run limits (fleet_rlm/limits.py).
     max_iters: int = Field(MAX_ITERS.default, **MAX_ITERS.pydantic_bounds(), description=f"{MAX_ITERS.meaning}.")
     max_llm_calls: int = Field(
         MAX_LLM_CALLS.default, **MAX_LLM_CALLS.pydantic_bounds(), description=f"{MAX_LLM_CALLS.meaning}."
@@ -568,6 +568,15 @@ class ConfigError(UserError):
 
 class NoModelConfigured(ConfigError):
     """No model is set: a face whose settings come from elsewhere (an MCP client's config) says where."""
+
+
+def sandbox_setting_fix() -> str:
+    """How to undo an unusable sandbox setting, said where the setting comes from (so the fix works)."""
+    if os.environ.get("FLEET_SANDBOX"):
+        return "set FLEET_SANDBOX=local (or unset it)"
+    if "sandbox" in read_user_settings():
+        return f"run `fleet-rlm config unset sandbox` (it is set in {user_settings_path()})"
+    return "set FLEET_SANDBOX=local (check .env in this folder)"
 
 
 def env_name(field: str) -> str:

@@ -41,7 +41,7 @@ from typing import TextIO
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fleet_rlm.config import env_name, secret_setting
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 TOKEN_SETTING = "mcp_token"
 TOKEN_ENV = env_name(TOKEN_SETTING)  # FLEET_MCP_TOKEN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 INSTALL_HINT = (
     "install the desktop extra: in a checkout, `uv run --extra desktop fleet desktop`, or "

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleet_rlm.core.errors import Unavailable, UserError
+from fleet_rlm.errors import Unavailable, UserError
 from fleet_shell import deps
 
 

@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from fleet_rlm import __version__
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 APP = "fleet-rlm"
 COMMENT = "Recursive language models over long inputs"

@@ -10,7 +10,7 @@ import pytest
 
 from fleet_rlm.agent import AgentHost
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.types import RunRequest
 from tests.agent.conftest import CODE
 from tests.support.agent_lm import AgentLM, Call, Policy, Say
 from tests.support.oracle_lm import OracleLM

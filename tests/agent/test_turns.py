@@ -11,7 +11,7 @@ from fleet_rlm.agent import AgentHost
 from fleet_rlm.agent.tools import TurnContext
 from fleet_rlm.agent.turn import run_segment
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import Conflict
+from fleet_rlm.errors import Conflict
 from fleet_rlm.store.agent import workflow_name
 from tests.agent.conftest import CODE, MEMORY, memory_file, upload
 from tests.support.agent_lm import AgentLM, Call, Policy, Say

@@ -17,7 +17,7 @@ from rich.console import Console
 from fleet_rlm import __version__
 from fleet_rlm.cli.common import fail
 from fleet_rlm.cli.progress import Progress
-from fleet_rlm.core.errors import Conflict, NotFound, Unavailable, UserError
+from fleet_rlm.errors import Conflict, NotFound, Unavailable, UserError
 from tests.cli.terminal import Terminal
 from tests.support.oracle_lm import OracleLM, Scenario
 

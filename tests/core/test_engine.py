@@ -13,9 +13,9 @@ import pytest
 from fleet_rlm.config import ConfigError, load_settings
 from fleet_rlm.core.context import ContextError
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import Unavailable
 from fleet_rlm.core.trace import build_trace
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.errors import Unavailable
+from fleet_rlm.types import RunRequest
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import ACTIVE_STATUSES
+from fleet_rlm.types import ACTIVE_STATUSES
 from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Run limits are declared once (``fleet_rlm.core.limits``): the same bad limit is refused with the same
+"""Run limits are declared once (``fleet_rlm.limits``): the same bad limit is refused with the same
 sentence by every face (Python API, CLI, MCP, web, the agent's rlm_run), each in its own error frame
 ("error: ", "Error executing tool run: ", a 400's message, "Error: "), and every face advertises the
 same bounds."""
@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import UserError
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.errors import UserError
 from fleet_rlm.mcp.server import build_server
+from fleet_rlm.types import RunRequest
 from mcp import Client
 from tests.web.conftest import api_client
 
@@ -129,7 +129,7 @@ def limit_properties(schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_the_declaration_states_the_documented_bounds() -> None:
-    from fleet_rlm.core.limits import LIMITS
+    from fleet_rlm.limits import LIMITS
 
     assert {name: limit.json_schema_bounds() for name, limit in LIMITS.items()} == BOUNDS
 

@@ -9,7 +9,7 @@ import pytest
 
 from fleet_rlm.core import operations
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.types import RunRequest
 from tests.core.test_follow_cli_run import kill, run_id_of, start_cli_run
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario

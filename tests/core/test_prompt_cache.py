@@ -11,7 +11,7 @@ import litellm
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest, RunResult
+from fleet_rlm.types import RunRequest, RunResult
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Request, Scenario
 

@@ -13,8 +13,8 @@ from pydantic import TypeAdapter
 
 from fleet_rlm.core import program
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import NotFound, UserError
-from fleet_rlm.core.types import PAYLOADS, RunRequest
+from fleet_rlm.errors import NotFound, UserError
+from fleet_rlm.types import PAYLOADS, RunRequest
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
 

@@ -23,7 +23,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from fleet_rlm.config import load_settings
 from fleet_rlm.core.doctor import doctor_report
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.types import RunRequest
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack

@@ -9,9 +9,9 @@ import pytest
 from pydantic import TypeAdapter
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import UserError
 from fleet_rlm.core.schema import event_schema
-from fleet_rlm.core.types import EVENT_KINDS, PAYLOADS, Event, RunRequest
+from fleet_rlm.errors import UserError
+from fleet_rlm.types import EVENT_KINDS, PAYLOADS, Event, RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 
 SCHEMA_FILE = Path(__file__).parents[2] / "docs" / "events.schema.json"
@@ -60,7 +60,7 @@ def test_the_public_api_loads_lazily_and_faces_types_stay_light() -> None:
     code = (
         "import sys, fleet_rlm\n"
         "fleet_rlm.RunRequest, fleet_rlm.Workspace, fleet_rlm.UserError\n"
-        "import fleet_rlm.core.views, fleet_rlm.core.types, fleet_rlm.sandbox.base\n"
+        "import fleet_rlm.core.views, fleet_rlm.types, fleet_rlm.sandbox.base\n"
         "assert 'dspy' not in sys.modules and 'litellm' not in sys.modules, 'a light import loaded dspy'\n"
         "assert fleet_rlm.Engine.__name__ == 'Engine' and 'dspy' in sys.modules\n"
         "assert set(fleet_rlm.__all__) - {'__version__'} == set(fleet_rlm._EXPORTS)\n"

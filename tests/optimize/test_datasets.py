@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_rlm.core.errors import Conflict, UserError
+from fleet_rlm.errors import Conflict, UserError
 from fleet_rlm.optimize import datasets
 from fleet_rlm.store import RunRecord, Store
 
@@ -76,18 +76,18 @@ def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, tmp_path: 
     doc = tmp_path / "doc.txt"
     doc.write_text("the text")
 
-    def run(run_id: str, session: str | None = None, answer: str | None = "", **request: object) -> None:
+    def run(run_id: str, session: str | None = None, answered: bool = True, **request: object) -> None:
         request = {"context_paths": [str(doc)], "session_id": session, **request}
         store.create_run(RunRecord(run_id, f"question {run_id}", session_id=session, status="succeeded",
-                                   answer=f"answer {run_id}" if answer == "" else answer, request=request,
-                                   created_at=float(len(store.list_runs(limit=100)))))  # fmt: skip
+                                   answer=f"answer {run_id}" if answered else None, request=request,
+                                   created_at=float(run_id[1:])))  # fmt: skip
 
     run("r1", session="s")  # a session's first run: its REPL started fresh, as a replay's does
     run("r2")
     run("r3", context_text=["(12 chars)"])
     run("r4", session="s")  # builds on r1's REPL state
     run("r5")
-    run("r6", answer=None)
+    run("r6", answered=False)
     store.add_feedback("r1", True, None, "good")
     store.add_feedback("r2", False, "the right one", "missed it")
     store.add_feedback("r3", True, None, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 from fleet_rlm.optimize.metrics import get_metric, normalise
 from tests.support.oracle_lm import OracleLM
 

@@ -12,10 +12,10 @@ import pytest
 from pydantic import TypeAdapter
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import Conflict
-from fleet_rlm.core.types import PAYLOADS, RunRequest
+from fleet_rlm.errors import Conflict
 from fleet_rlm.optimize import datasets, runner, versions
 from fleet_rlm.optimize.runner import OptimizeRequest
+from fleet_rlm.types import PAYLOADS, RunRequest
 from tests.optimize.conftest import INSTRUCTION
 from tests.support.oracle_lm import OracleLM
 
@@ -190,7 +190,7 @@ async def test_optimization_events_match_their_payload_types(fake_env: dict, sho
 
 
 async def test_a_bad_request_is_refused_before_anything_is_recorded(fake_env: dict, shout: OracleLM) -> None:
-    from fleet_rlm.core.errors import NotFound, UserError
+    from fleet_rlm.errors import NotFound, UserError
 
     async with Engine() as engine:
         with pytest.raises(NotFound, match="no dataset 'nope'"):

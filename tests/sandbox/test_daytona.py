@@ -18,9 +18,9 @@ import pytest
 
 from fleet_rlm.config import Settings
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.base import SandboxSpec, create_sandbox
 from fleet_rlm.sandbox.daytona import DaytonaSandbox
+from fleet_rlm.types import RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio

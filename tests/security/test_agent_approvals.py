@@ -29,7 +29,7 @@ import pytest
 from fleet_rlm.agent import AgentHost
 from fleet_rlm.config import load_settings
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.errors import Conflict
+from fleet_rlm.errors import Conflict
 from fleet_rlm.mcp.server import build_server
 from fleet_rlm.web.app import create_app
 from mcp import Client

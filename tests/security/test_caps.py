@@ -19,9 +19,9 @@ import anyio
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.caps import SHM_BYTES, TMP_BYTES, WORKER_TASKS, SandboxCgroup, detect_cgroups
 from fleet_rlm.sandbox.local import LocalSandbox, SandboxError, detect_isolation
+from fleet_rlm.types import RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio

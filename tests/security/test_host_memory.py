@@ -22,9 +22,9 @@ import anyio
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.base import HostCallBudget
 from fleet_rlm.sandbox.local import LocalSandbox, detect_isolation
+from fleet_rlm.types import RunRequest
 from tests.security.test_protocol import FORGE
 from tests.support.oracle_lm import OracleLM, Scenario
 

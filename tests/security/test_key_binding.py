@@ -234,7 +234,7 @@ def test_a_key_saved_by_an_older_version_goes_only_where_the_environment_points(
 
 def test_a_key_for_no_model_yet_is_refused_with_the_fix(memory_keyring: None, monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet_rlm.config import keyring_get, save_settings
-    from fleet_rlm.core.errors import UserError
+    from fleet_rlm.errors import UserError
 
     monkeypatch.delenv("FLEET_LM_MODEL")
     monkeypatch.delenv("FLEET_LM_API_BASE")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.types import RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio

@@ -19,10 +19,10 @@ import pytest
 from dspy.primitives.code_interpreter import CodeExecutionError, CodeInterpreterError
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.base import SandboxError
 from fleet_rlm.sandbox.interpreter import SandboxInterpreter
 from fleet_rlm.sandbox.local import LocalSandbox
+from fleet_rlm.types import RunRequest
 from tests.support.oracle_lm import OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio

@@ -19,8 +19,8 @@ from mcp.client.stdio import stdio_client
 
 from fleet_rlm.config import Settings
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.redaction import RedactingFormatter, redact_text
+from fleet_rlm.types import RunRequest
 from mcp import Client, StdioServerParameters
 from tests.mcp.conftest import fleet_mcp_command, server_env
 from tests.support.oracle_lm import OracleLM, Scenario

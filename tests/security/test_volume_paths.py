@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.core.types import RunRequest
+from fleet_rlm.types import RunRequest
 from fleet_rlm.volumes import LocalVolumes, VolumeError
 from tests.cli.test_cli import cli
 from tests.support.bounded import finishes

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from fleet_rlm.core.types import Event
 from fleet_rlm.redaction import remember_secrets
 from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
 from fleet_rlm.store.db import MIGRATIONS
 from fleet_rlm.store.store import owner_alive, process_start
+from fleet_rlm.types import Event
 
 
 def _run(run_id: str, **kw) -> RunRecord:

@@ -25,7 +25,7 @@ from agent_framework import FunctionInvocationContext, FunctionMiddleware
 from pydantic import BeforeValidator
 
 from fleet_rlm.agent.tools import buffer_name, memory_target, repo_folder, volume_name
-from fleet_rlm.core.errors import FleetError, NotFound
+from fleet_rlm.errors import FleetError, NotFound
 from fleet_rlm.redaction import holds_known_secret
 
 if TYPE_CHECKING:

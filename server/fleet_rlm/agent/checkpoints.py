@@ -33,7 +33,7 @@ from agent_framework import (
 from agent_framework._workflows._runner_context import MessageType
 from agent_framework.exceptions import WorkflowCheckpointException
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.store import Store

@@ -24,7 +24,7 @@ from agent_framework import (
     Message,
 )
 
-from fleet_rlm.core.errors import FleetError, Unavailable, UserError
+from fleet_rlm.errors import FleetError, Unavailable, UserError
 from fleet_rlm.redaction import redact_text
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings

@@ -28,9 +28,8 @@ from fleet_rlm.agent import views
 from fleet_rlm.agent.approvals import approval_card, policy_decision
 from fleet_rlm.agent.tools import TurnContext
 from fleet_rlm.agent.turn import history, run_segment
-from fleet_rlm.core.errors import Conflict, FleetError, NotFound, UserError
+from fleet_rlm.errors import Conflict, FleetError, NotFound, UserError
 from fleet_rlm.redaction import redact_text
-from fleet_rlm.store.agent import DecisionRefused
 from fleet_rlm.store.store import owner_alive, process_start
 
 if TYPE_CHECKING:
@@ -261,10 +260,8 @@ class AgentHost:
                 always,
                 self._owner,
             )
-        except BaseException as exc:
+        except BaseException:
             self._live.pop(known["conversation_id"], None)
-            if isinstance(exc, DecisionRefused):
-                raise Conflict(str(exc)) from None
             raise
         approval = views.Approval(**row)
         if not claimed:

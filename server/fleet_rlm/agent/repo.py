@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet_rlm.agent.fetch import FetchRefused, check_url
-from fleet_rlm.core.errors import Unavailable, UserError
+from fleet_rlm.errors import Unavailable, UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings

@@ -21,8 +21,8 @@ from agent_framework import FunctionTool, tool
 from pydantic import Field
 
 from fleet_rlm.core import operations
-from fleet_rlm.core.errors import FleetError, UserError
-from fleet_rlm.core.limits import MAX_COST
+from fleet_rlm.errors import FleetError, UserError
+from fleet_rlm.limits import MAX_COST
 from fleet_rlm.volumes import parse_volume_ref
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         max_cost: Annotated[float | None, MAX_COST] = None,  # checked by RunRequest, as on every face
     ) -> str:
         from fleet_rlm.core import uploads
-        from fleet_rlm.core.types import RunRequest
+        from fleet_rlm.types import RunRequest
 
         paths = list(volume_paths or [])
         bad = [p for p in paths if parse_volume_ref(p) is None]

@@ -30,7 +30,7 @@ from fleet_rlm.agent.checkpoints import StoreCheckpointStorage
 from fleet_rlm.agent.client import LiteLLMChatClient, result_text
 from fleet_rlm.agent.tools import TurnContext, build_tools
 from fleet_rlm.agent.views import PREVIEW
-from fleet_rlm.core.errors import Conflict
+from fleet_rlm.errors import Conflict
 from fleet_rlm.redaction import redact
 from fleet_rlm.store.agent import workflow_name
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from fleet_rlm.agent.approvals import Answer, parse_answer
 from fleet_rlm.cli.chat import Chat, Interrupted
 from fleet_rlm.cli.common import settings_for
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.agent import AgentHost, Feed

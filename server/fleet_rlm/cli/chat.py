@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from fleet_rlm.cli.common import fail, limit_overrides, settings_for
 from fleet_rlm.cli.runs import follow_started
-from fleet_rlm.core.errors import RunNotFound, UserError
+from fleet_rlm.errors import RunNotFound, UserError
 
 T = TypeVar("T")
 PASTE_END = "."
@@ -139,7 +139,7 @@ class Chat:
 
     def check(self, path: str) -> None:
         """Raise the error a run would fail with, now, so a bad attachment is never kept."""
-        from fleet_rlm.core.types import RunRequest
+        from fleet_rlm.types import RunRequest
         from fleet_rlm.volumes import parse_volume_ref
 
         ref = parse_volume_ref(path)
@@ -179,7 +179,7 @@ class Chat:
     # -- questions ------------------------------------------------------------------------------
 
     async def ask(self, question: str) -> None:
-        from fleet_rlm.core.types import RunRequest
+        from fleet_rlm.types import RunRequest
 
         if self.session_id is None:
             self.session_id = await self.engine.open_session(name="terminal chat")

@@ -16,8 +16,8 @@ import sys
 import traceback
 from typing import Any, NoReturn
 
-from fleet_rlm.core.errors import FleetError, RunNotFound, UserError
-from fleet_rlm.core.limits import LIMITS, Limit
+from fleet_rlm.errors import FleetError, RunNotFound, UserError
+from fleet_rlm.limits import LIMITS, Limit
 
 INTERRUPTED = 130
 # A finished job's status as an exit code: scripts tell a clean answer (0) from one extracted after a

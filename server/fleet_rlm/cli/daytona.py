@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_rlm.core.errors import Unavailable
+from fleet_rlm.errors import Unavailable
 
 
 def cmd_daytona(args: argparse.Namespace) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 
 from fleet_rlm import __version__
 from fleet_rlm.cli.common import Parser, fail, limit_argument, not_negative, positive, since_date
-from fleet_rlm.core.limits import LIMITS, MAX_ITERS, check_limits  # a leaf module: --help stays fast
-from fleet_rlm.core.types import STATUSES  # a leaf module: --help stays fast
+from fleet_rlm.limits import LIMITS, MAX_ITERS, check_limits  # a leaf module: --help stays fast
+from fleet_rlm.types import STATUSES  # a leaf module: --help stays fast
 
 Handler = Callable[[argparse.Namespace], int]
 TRACE_MODES = ["compact", "verbose", "off"]

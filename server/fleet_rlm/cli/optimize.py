@@ -18,7 +18,7 @@ from rich.text import Text
 
 from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import LiveLine
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 
 def _workspace() -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fleet_rlm.cli.common import print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import Progress
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 DIVERGED = 1  # `replay`'s exit status when anything differed (0: nothing did)
 

@@ -43,8 +43,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     start_warm_up(settings)  # the sandbox's checks wait on other processes while dspy imports below
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.types import RunRequest
     from fleet_rlm.core.views import cache_note
+    from fleet_rlm.types import RunRequest
 
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
@@ -161,8 +161,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_html(run_id: str, target: Path, force: bool) -> int:
-    from fleet_rlm.core.errors import UserError
     from fleet_rlm.core.html_export import BLOCK_CAP, run_html
+    from fleet_rlm.errors import UserError
 
     if target.exists() and not force:  # it may be anything, e.g. an earlier export someone annotated
         raise UserError(f"{target} exists: choose another file, or pass --force to overwrite it")

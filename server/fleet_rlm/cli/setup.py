@@ -10,7 +10,7 @@ from typing import Any
 
 from fleet_rlm import config as cfg
 from fleet_rlm.cli.common import print_json
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 
 def _field(key: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.cli.common import plural, print_json
-from fleet_rlm.core.errors import NotFound, UserError
+from fleet_rlm.errors import NotFound, UserError
 
 LIST_HINT = "`fleet-rlm volumes ls` lists the volumes"
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from fleet_rlm.errors import FleetError
 
-class BudgetExhausted(Exception):
-    """A limit ran out; ``reason`` is recorded as the run's stop reason."""
+
+class BudgetExhausted(FleetError):
+    """A limit ran out; ``reason`` is recorded as the run's stop reason. The run catches it and ends
+    ``partial`` (exit 3), so a face sees it only as that outcome."""
+
+    exit_code = 3
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet_rlm.core.errors import UserError
 from fleet_rlm.core.ignore import GitIgnore
+from fleet_rlm.errors import UserError
 from fleet_rlm.volumes import LocalVolumes, VolumeError, parse_volume_ref
 from fleet_rlm.volumes.safepath import READ_FLAGS, special_name
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from fleet_rlm import config as cfg
-from fleet_rlm.core.errors import FleetError
 from fleet_rlm.core.telemetry import telemetry_check
+from fleet_rlm.errors import FleetError
 
 _FIX = "change what the detail names, then run doctor again"
 
@@ -70,7 +69,7 @@ async def doctor_report(settings: cfg.Settings, offline: bool = False) -> dict[s
     try:  # each backend checks itself (isolation, caps, credentials)
         report.update(get_backend(settings.sandbox).doctor(settings))
     except SandboxError as exc:  # every run would fail: ``blocking`` makes doctor fail too
-        report["sandbox"] = {"ok": False, "blocking": True, "detail": str(exc), "fix": _sandbox_fix()}
+        report["sandbox"] = {"ok": False, "blocking": True, "detail": str(exc), "fix": cfg.sandbox_setting_fix()}
     report["keyring"] = _check_keyring(settings)
     withheld = cfg.withheld_keys(settings)
     if withheld:  # a model moved away from its key: its calls go out without one
@@ -105,12 +104,3 @@ def _check_keyring(settings: cfg.Settings) -> dict[str, Any]:
         "detail": backend,
         "fix": "set keys as environment variables, or install and unlock a Secret Service",
     }
-
-
-def _sandbox_fix() -> str:
-    """Say where the unusable sandbox setting comes from, so the fix is the one that works."""
-    if os.environ.get("FLEET_SANDBOX"):
-        return "set FLEET_SANDBOX=local (or unset it)"
-    if "sandbox" in cfg.read_user_settings():
-        return f"run `fleet-rlm config unset sandbox` (it is set in {cfg.user_settings_path()})"
-    return "set FLEET_SANDBOX=local (check .env in this folder)"

@@ -23,16 +23,16 @@ from typing import Any
 
 from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.context import ContextError, check_host_paths
-from fleet_rlm.core.errors import Conflict, FleetError, UserError
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.telemetry import Telemetry, start_telemetry
-from fleet_rlm.core.types import Event, RunRequest, RunResult
 from fleet_rlm.core.workspace import Workspace
+from fleet_rlm.errors import Conflict, FleetError, UserError
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
+from fleet_rlm.types import Event, RunRequest, RunResult
 from fleet_rlm.volumes import LocalVolumes, parse_volume_ref, volumes_for
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ the run's owner still lives (``Store.get_run``), so a killed owner's run ends wi
 ``interrupted`` ``run.finished``. ``subscribe(None)`` tails every other process's runs by the
 store's global event order.
 
-Envelope, kinds and payloads: ``fleet_rlm.core.types`` (``run.finished`` is always a run's last
+Envelope, kinds and payloads: ``fleet_rlm.types`` (``run.finished`` is always a run's last
 event). Secrets never reach events: the store passes every event's data through
 ``fleet_rlm.redaction.redact`` before writing it, and subscribers only ever see what was stored.
 """
@@ -27,8 +27,8 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
-from fleet_rlm.core.types import EVENT_KINDS, EVENT_VERSION, RUN_FINISHED, Event
 from fleet_rlm.store import Store
+from fleet_rlm.types import EVENT_KINDS, EVENT_VERSION, RUN_FINISHED, Event
 
 __all__ = ["EVENT_KINDS", "EVENT_VERSION", "RUN_FINISHED", "EventBus"]
 

@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from fleet_rlm.core.trace import build_trace
-from fleet_rlm.core.types import Event
 from fleet_rlm.redaction import redact_text
+from fleet_rlm.types import Event
 
 
 def rlms_rows(events: Sequence[Event]) -> Iterator[dict[str, Any]]:

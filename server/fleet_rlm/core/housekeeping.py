@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.core.errors import Conflict, NotFound, UserError
-from fleet_rlm.core.types import ACTIVE_STATUSES
 from fleet_rlm.core.uploads import remove_upload_files
+from fleet_rlm.errors import Conflict, NotFound, UserError
+from fleet_rlm.types import ACTIVE_STATUSES
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings

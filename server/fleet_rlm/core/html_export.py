@@ -18,8 +18,8 @@ from importlib import resources
 from typing import Any
 
 from fleet_rlm.core.trace import build_trace
-from fleet_rlm.core.types import Event
 from fleet_rlm.redaction import redact_text
+from fleet_rlm.types import Event
 
 BLOCK_CAP = 20_000  # characters kept of one code/output block: the head and tail halves
 _TEMPLATE = "html_export.html"

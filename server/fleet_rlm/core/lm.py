@@ -48,8 +48,8 @@ from fleet_rlm.config import (
     role_model_and_base,
 )
 from fleet_rlm.core import tape
-from fleet_rlm.core.errors import FleetError, Unavailable
 from fleet_rlm.core.program import STEP_HEADER
+from fleet_rlm.errors import FleetError, Unavailable
 from fleet_rlm.redaction import redact_text
 
 T = TypeVar("T")
@@ -476,12 +476,22 @@ async def _served_models(lm: MeteredLM, base: str) -> list[str]:
         return []
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect comes back as its status: followed, it would carry the model key to another address."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def _get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
     """A GET's status and body (an error status's body left out). The standard library, as dspy's own
     client uses: httpx would add its import to the time before a run's first model call."""
     request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=PREFLIGHT_SECONDS) as reply:
+        with _OPENER.open(request, timeout=PREFLIGHT_SECONDS) as reply:
             return reply.status, reply.read(MODEL_LIST_BYTES)
     except urllib.error.HTTPError as exc:
         exc.close()

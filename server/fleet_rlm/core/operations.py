@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fleet_rlm.core.progress import ProgressTracker
-from fleet_rlm.core.types import ACTIVE_STATUSES, RunResult
 from fleet_rlm.core.views import CancelResult
+from fleet_rlm.types import ACTIVE_STATUSES, RunResult
 
 if TYPE_CHECKING:  # the faces import this module at start-up; the engine (dspy) loads on first use
     from fleet_rlm.core.engine import Engine

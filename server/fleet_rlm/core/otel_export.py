@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
 
-from fleet_rlm.core.types import Event
+from fleet_rlm.types import Event
 
 log = logging.getLogger(__name__)
 

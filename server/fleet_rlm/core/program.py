@@ -27,7 +27,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from fleet_rlm.core import replies
 from fleet_rlm.core.budget import BudgetExhausted
-from fleet_rlm.core.types import NodeHost
+from fleet_rlm.types import NodeHost
 
 
 class RLMAction(dspy.Signature):

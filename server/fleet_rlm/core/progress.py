@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleet_rlm.core.types import Event
+from fleet_rlm.types import Event
 
 WAITING_MODEL = "waiting for the model"
 

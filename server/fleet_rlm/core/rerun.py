@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fleet_rlm.core.errors import Conflict, NotFound, UserError
-from fleet_rlm.core.limits import LIMITS, MAX_ITERS
 from fleet_rlm.core.tape import INPUTS_SLOT, ForkPoint, Tape, parse_slot
 from fleet_rlm.core.trace import build_trace
-from fleet_rlm.core.types import ACTIVE_STATUSES, Event, RunRequest
+from fleet_rlm.errors import Conflict, NotFound, UserError
+from fleet_rlm.limits import LIMITS, MAX_ITERS
+from fleet_rlm.types import ACTIVE_STATUSES, Event, RunRequest
 
 if TYPE_CHECKING:
     from fleet_rlm.core.context import StagedContext

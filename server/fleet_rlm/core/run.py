@@ -18,8 +18,8 @@ from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
 from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
 from fleet_rlm.core.tape import Tape
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.sandbox.base import Sandbox, SandboxSpec, create_sandbox
+from fleet_rlm.types import RunRequest
 from fleet_rlm.volumes import LocalVolumes
 
 Emit = Callable[..., dict[str, Any]]

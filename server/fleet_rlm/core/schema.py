@@ -1,4 +1,4 @@
-"""The published JSON Schema of events (``docs/events.schema.json``), built from ``core.types``.
+"""The published JSON Schema of events (``docs/events.schema.json``), built from ``fleet_rlm.types``.
 
 Run ``python -m fleet_rlm.core.schema > docs/events.schema.json`` after changing a payload type;
 a test fails while the published file and the types disagree.
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from fleet_rlm.core.types import EVENT_VERSION, PAYLOADS, Event
+from fleet_rlm.types import EVENT_VERSION, PAYLOADS, Event
 
 
 def event_schema() -> dict[str, Any]:

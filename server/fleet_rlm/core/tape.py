@@ -30,7 +30,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleet_rlm.core.errors import FleetError
+from fleet_rlm.errors import FleetError
 
 Mode = Literal["keep", "replay", "fork"]
 INPUTS_SLOT = "root#0/inputs"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fleet_rlm.core.types import Event
+from fleet_rlm.types import Event
 
 
 def _new_node(node: str, parent: str | None, depth: int) -> dict[str, Any]:

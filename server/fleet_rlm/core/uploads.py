@@ -18,13 +18,13 @@ import unicodedata
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleet_rlm.config import private_dir
-from fleet_rlm.core.errors import NotFound, TooLarge, UserError
+from fleet_rlm.errors import NotFound, TooLarge, UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.types import RunRequest
     from fleet_rlm.store import Store
+    from fleet_rlm.types import RunRequest
 
 UPLOAD_ID = re.compile(r"u[0-9a-f]{8,40}")
 MAX_NAME_BYTES = 200

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fleet_rlm.core.errors import NotFound
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.core.trace import build_trace, summarize_step
-from fleet_rlm.core.types import Event, RunResult, RunStatus
+from fleet_rlm.errors import NotFound
+from fleet_rlm.types import Event, RunResult, RunStatus
 
 if TYPE_CHECKING:
     from fleet_rlm.store import RunRecord

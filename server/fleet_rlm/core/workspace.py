@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
-from fleet_rlm.core.errors import Conflict, RunNotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport, replay_report
-from fleet_rlm.core.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
+from fleet_rlm.errors import Conflict, RunNotFound, UserError
 from fleet_rlm.store import RunRecord, Store
+from fleet_rlm.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
 from fleet_rlm.volumes import LocalVolumes, volumes_for
 
 if TYPE_CHECKING:

@@ -10,7 +10,6 @@ from pydantic import BaseModel, Field
 
 from fleet_rlm.core import views
 from fleet_rlm.core.rerun import ReplayReport
-from fleet_rlm.core.types import RunStatus
 from fleet_rlm.core.views import (
     CancelResult,
     FileEntry,
@@ -25,6 +24,7 @@ from fleet_rlm.core.views import (
     VolumeInfo,
     VolumeList,
 )
+from fleet_rlm.types import RunStatus
 
 __all__ = [
     "CancelResult", "DoctorReport", "FileContent", "FileEntry", "FileList", "ForkOutput", "Progress",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from fleet_rlm.core.errors import FleetError, NotFound
+from fleet_rlm.errors import FleetError, NotFound
 from fleet_rlm.mcp.views import run_state
 
 if TYPE_CHECKING:

@@ -127,7 +127,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         override: Annotated[str | None, Field(description="Promote despite the gate; the reason is kept.")] = None,
         rollback: Annotated[bool, Field(description="Roll back to the previously active version instead.")] = False,
     ) -> VersionList:
-        from fleet_rlm.core.errors import UserError
+        from fleet_rlm.errors import UserError
         from fleet_rlm.optimize import versions
 
         eng = await engine()

@@ -9,8 +9,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from fleet_rlm.core import operations
-from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
-from fleet_rlm.core.types import RunRequest, RunResult, RunStatus
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
 from fleet_rlm.mcp.models import (
     CancelResult,
     ForkOutput,
@@ -23,6 +22,7 @@ from fleet_rlm.mcp.models import (
     trace_uri,
 )
 from fleet_rlm.mcp.views import run_output, run_state, user_errors
+from fleet_rlm.types import RunRequest, RunResult, RunStatus
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer

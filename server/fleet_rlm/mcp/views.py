@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from mcp.server.mcpserver.exceptions import ToolError
 
 from fleet_rlm.config import NoModelConfigured
-from fleet_rlm.core.errors import FleetError, RunNotFound
+from fleet_rlm.errors import FleetError, RunNotFound
 from fleet_rlm.mcp.models import RunOutput, RunState, trace_uri
 from fleet_rlm.redaction import redact_text
 
 if TYPE_CHECKING:
-    from fleet_rlm.core.types import RunResult
     from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.types import RunResult
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.core.errors import Conflict, NotFound, UserError
+from fleet_rlm.errors import Conflict, NotFound, UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.store import Store

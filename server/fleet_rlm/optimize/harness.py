@@ -25,9 +25,9 @@ import dspy
 
 from fleet_rlm.core.engine import Replay
 from fleet_rlm.core.program import RLMProgram, Step, render_transcript
-from fleet_rlm.core.types import OPTIMIZE_EVAL, RunRequest
 from fleet_rlm.optimize.datasets import example_key
 from fleet_rlm.optimize.versions import fingerprint, program_state
+from fleet_rlm.types import OPTIMIZE_EVAL, RunRequest
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine

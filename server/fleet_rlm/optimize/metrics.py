@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings

@@ -28,8 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.core.errors import Conflict, FleetError, UserError
-from fleet_rlm.core.types import (
+from fleet_rlm.errors import Conflict, FleetError, UserError
+from fleet_rlm.optimize import datasets, versions
+from fleet_rlm.optimize.metrics import get_metric
+from fleet_rlm.optimize.views import BUILTIN, Estimate, OptimizationList, OptimizationState, Scores
+from fleet_rlm.store import RunRecord
+from fleet_rlm.types import (
     ACTIVE_STATUSES,
     OPTIMIZE_FINISHED,
     OPTIMIZE_SCORED,
@@ -37,10 +41,6 @@ from fleet_rlm.core.types import (
     RUN_FINISHED,
     RUN_STARTED,
 )
-from fleet_rlm.optimize import datasets, versions
-from fleet_rlm.optimize.metrics import get_metric
-from fleet_rlm.optimize.views import BUILTIN, Estimate, OptimizationList, OptimizationState, Scores
-from fleet_rlm.store import RunRecord
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -169,7 +169,7 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
 
 
 def _probe(limits: dict[str, Any]) -> Any:
-    from fleet_rlm.core.types import RunRequest
+    from fleet_rlm.types import RunRequest
 
     return RunRequest("optimization preflight", **limits)
 
@@ -219,22 +219,22 @@ async def _wind_down(replayer: Replayer, job: asyncio.Future[Any], reason: str) 
 
 class _LibraryOutput(io.TextIOBase):
     """``sys.stdout`` or ``sys.stderr`` that takes what optimizer threads write (DSPy's progress bars
-    and lines) away from the faces, which show the optimization's own events: to the real stderr
-    while ``shown`` (stdout may be a protocol channel, MCP over stdio, or exactly one JSON object,
+    and lines) away from the faces, which show the optimization's own events: to stderr while
+    ``shown`` (stdout may be a protocol channel, MCP over stdio, or exactly one JSON object,
     ``--json``), else nowhere. Other threads write through."""
 
     quiet = threading.local()
     shown = True  # the CLI drops them unless --verbose: show_library_output()
-    stderr: Any = None  # the real stderr, once wrapped
 
-    def __init__(self, original: Any) -> None:
+    def __init__(self, original: Any, sink: Any) -> None:
         self.original = original
+        self.sink = sink  # a stream installed before this one: a write never comes back up to it
         self.buffer = getattr(original, "buffer", None)  # binary writers (protocols) bypass us
 
     def write(self, text: str) -> int:
         if not getattr(self.quiet, "on", False):
             return int(self.original.write(text))
-        return int(self.stderr.write(text)) if self.shown else len(text)
+        return int(self.sink.write(text)) if self.shown else len(text)
 
     def flush(self) -> None:
         self.original.flush()
@@ -248,10 +248,9 @@ class _LibraryOutput(io.TextIOBase):
     @classmethod
     def install(cls) -> None:
         if not isinstance(sys.stderr, cls):
-            cls.stderr = sys.stderr
-            sys.stderr = cls(sys.stderr)
+            sys.stderr = cls(sys.stderr, sink=sys.stderr)
         if not isinstance(sys.stdout, cls):
-            sys.stdout = cls(sys.stdout)
+            sys.stdout = cls(sys.stdout, sink=sys.stderr)
 
     @classmethod
     @contextlib.contextmanager
@@ -435,7 +434,7 @@ def state(store: Store, opt_id: str) -> OptimizationState:
     opt = store.get_optimization(opt_id)
     row = store.get_run(opt_id)
     if opt is None or row is None:
-        from fleet_rlm.core.errors import NotFound
+        from fleet_rlm.errors import NotFound
 
         raise NotFound(f"no optimization '{opt_id}': list them with `fleet-rlm programs ls --optimizations`")
     dataset = store.get_dataset(opt["dataset_id"])

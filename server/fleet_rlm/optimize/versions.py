@@ -15,7 +15,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.core.errors import Conflict, NotFound, UserError
+from fleet_rlm.errors import Conflict, NotFound, UserError
 from fleet_rlm.optimize.views import BUILTIN, Comparison, Gate, Scores, VersionDetail, VersionInfo, VersionList
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from fleet_rlm.core.types import RunStatus
+from fleet_rlm.types import RunStatus
 
 BUILTIN = "builtin"  # the program version id faces use for the built-in program
 

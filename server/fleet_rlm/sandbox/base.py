@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from fleet_rlm.errors import Unavailable
 from fleet_rlm.redaction import redact_text
 
 if TYPE_CHECKING:
@@ -112,8 +113,9 @@ class HostCallBudget:
             HostCallBudget._process_held -= size
 
 
-class SandboxError(RuntimeError):
-    """Terminal failure: the worker died or broke the protocol; the REPL state is gone."""
+class SandboxError(Unavailable, RuntimeError):
+    """Terminal failure: the worker died or broke the protocol; the REPL state is gone. The message
+    says what happened and what to do, like every ``FleetError``."""
 
 
 @dataclass

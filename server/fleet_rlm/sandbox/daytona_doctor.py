@@ -7,6 +7,7 @@ import concurrent.futures
 import time
 from typing import Any
 
+from fleet_rlm.config import sandbox_setting_fix
 from fleet_rlm.sandbox import daytona_client as dc
 
 TIMEOUT = 30.0
@@ -47,12 +48,10 @@ def doctor(settings: Any) -> dict[str, dict[str, Any]]:
         "sandbox": {"ok": True, "isolation": "daytona", "detail": f"Daytona sandboxes; network egress {network}"},
     }
     if not key:  # every run would be refused: the sandbox row itself fails, with both ways out
-        from fleet_rlm.core.doctor import _sandbox_fix
-
         fix = "export DAYTONA_API_KEY=... (https://app.daytona.io/dashboard/keys), or use the local sandbox: "
         detail = "FLEET_SANDBOX=daytona but DAYTONA_API_KEY is not set"
         rows["sandbox"] = {"ok": False, "blocking": True, "isolation": "daytona", "detail": detail,
-                           "fix": fix + _sandbox_fix()}  # fmt: skip
+                           "fix": fix + sandbox_setting_fix()}  # fmt: skip
         return rows
     rows["daytona_credentials"] = {"ok": True, "detail": "DAYTONA_API_KEY is set"}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # doctor may run inside an event loop

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet_rlm.errors import Conflict
 from fleet_rlm.redaction import redact, redact_known
 from fleet_rlm.store.rows import dumps, record
 
@@ -71,7 +72,7 @@ _APPROVAL = (
 _AUDIT = ("id", "conversation_id", "approval_id", "action", "tool", "summary", "actor", "reason", "created_at")
 
 
-class DecisionRefused(ValueError):
+class DecisionRefused(Conflict):
     """An approval cannot be decided (unknown, already decided, expired); the message says which."""
 
 

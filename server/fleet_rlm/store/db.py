@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet_rlm.config import private_dir
-from fleet_rlm.core.errors import Unavailable
+from fleet_rlm.errors import Unavailable
 
 
 class StoreError(Unavailable):

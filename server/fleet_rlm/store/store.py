@@ -37,7 +37,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fleet_rlm.core.types import ACTIVE_STATUSES, EVENT_VERSION, RUN_FINISHED, STATUSES, Event, RunStatus
 from fleet_rlm.redaction import redact
 from fleet_rlm.store.agent import AgentTables
 from fleet_rlm.store.db import connect
@@ -45,6 +44,7 @@ from fleet_rlm.store.optimize import OptimizeTables
 from fleet_rlm.store.records import RecordTables
 from fleet_rlm.store.rows import dumps
 from fleet_rlm.store.writer import Tx, Writer
+from fleet_rlm.types import ACTIVE_STATUSES, EVENT_VERSION, RUN_FINISHED, STATUSES, Event, RunStatus
 
 __all__ = ["ACTIVE_STATUSES", "EVENT_VERSION", "STATUSES", "RunRecord", "SessionRecord", "Store"]
 T = TypeVar("T")

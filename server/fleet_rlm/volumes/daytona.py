@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleet_rlm.sandbox import daytona_client as dc
 from fleet_rlm.volumes.local import _NAME, DURABLE_ROOTS, LocalVolumes
 from fleet_rlm.volumes.quota import Quota, Usage
-from fleet_rlm.volumes.safepath import NotFound, VolumeError
+from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
@@ -77,7 +77,7 @@ class DaytonaVolumes:
                 return await coro
         except DaytonaError as exc:
             if dc.status_of(exc) == 404:
-                raise NotFound(f"not found in Daytona: {exc}") from None
+                raise VolumeNotFound(f"not found in Daytona: {exc}") from None
             raise VolumeError(dc.explain(exc, "reach the volumes")) from None
 
     # -- the browser sandbox --------------------------------------------------------------------
@@ -106,7 +106,7 @@ class DaytonaVolumes:
         daytona = await self._client()
         volumes = await self._fleet_volumes()
         if need is not None and need not in volumes:
-            raise NotFound(f"no volume {need!r}")
+            raise VolumeNotFound(f"no volume {need!r}")
         wanted = {v.id for v in volumes.values()}
         box = self._browser
         if box is None:
@@ -148,7 +148,7 @@ class DaytonaVolumes:
             raise VolumeError(f"volume {name!r} lists more than {MAX_LISTING >> 20} MB of entries; list a subfolder")
         body, _, status = text.rpartition("\0")
         if status.strip() not in ("0", "") or (not body and depth == "-maxdepth 0"):
-            raise NotFound(f"no file {'/'.join(parts)!r} in volume {name!r}")
+            raise VolumeNotFound(f"no file {'/'.join(parts)!r} in volume {name!r}")
         rows = []
         for record in (body + "\0").split("\0")[:-1]:
             fields = record.split("\t", 3)
@@ -212,7 +212,7 @@ class DaytonaVolumes:
         async def delete() -> None:
             volumes = await self._fleet_volumes()
             if name not in volumes:
-                raise NotFound(f"no volume {name!r}")
+                raise VolumeNotFound(f"no volume {name!r}")
             if self._browser is not None:  # it mounts the volume; the next call makes a new one
                 await dc.retrying(lambda: self._browser.delete(), safe=True)
                 self._browser = None

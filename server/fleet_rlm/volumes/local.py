@@ -29,8 +29,8 @@ from fleet_rlm.volumes.safepath import (
     FILE_MODE,
     LINK_HINT,
     Found,
-    NotFound,
     VolumeError,
+    VolumeNotFound,
     closing_fd,
     kind,
     open_dir,
@@ -175,12 +175,12 @@ class LocalVolumes:
         self.check_name(name)
         root = self._root_fd(create=create)
         if root is None:
-            raise NotFound(f"no volume {name!r}")
+            raise VolumeNotFound(f"no volume {name!r}")
         with closing_fd(root):
             try:
                 vol = open_dir(root, [name], "among the volumes", create=create)
-            except NotFound:
-                raise NotFound(f"no volume {name!r}") from None
+            except VolumeNotFound:
+                raise VolumeNotFound(f"no volume {name!r}") from None
         if create:
             try:
                 for sub in DURABLE_ROOTS:
@@ -242,12 +242,12 @@ class LocalVolumes:
         self.check_name(name)
         root = self._root_fd(create=False)
         if root is None:
-            raise NotFound(f"no volume {name!r}")
+            raise VolumeNotFound(f"no volume {name!r}")
         with closing_fd(root):
             try:
                 st = os.stat(name, dir_fd=root, follow_symlinks=False)
             except FileNotFoundError:
-                raise NotFound(f"no volume {name!r}") from None
+                raise VolumeNotFound(f"no volume {name!r}") from None
             if not stat.S_ISDIR(st.st_mode):
                 raise VolumeError(f"volume {name!r} is not a folder: refusing to delete through it")
             # rmtree with dir_fd opens every folder with O_NOFOLLOW and checks it is the one it
@@ -277,7 +277,7 @@ class LocalVolumes:
             try:
                 return _entry(Found.of(tuple(parts), os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)))
             except FileNotFoundError:
-                raise NotFound(f"no file {'/'.join(parts)!r} {_where(name)}") from None
+                raise VolumeNotFound(f"no file {'/'.join(parts)!r} {_where(name)}") from None
 
     def list_files(self, name: str, path: str = "", recursive: bool = False) -> list[dict[str, Any]]:
         """Entries under ``path`` (relative to the volume), sorted by path; links listed, not followed."""
@@ -391,7 +391,7 @@ class LocalVolumes:
                 else:
                     os.unlink(final, dir_fd=parent)
             except FileNotFoundError:
-                raise NotFound(f"no file {rel!r} in volume {name!r}") from None
+                raise VolumeNotFound(f"no file {rel!r} in volume {name!r}") from None
             except OSError as exc:
                 raise _delete_error(exc, rel, name) from None
 

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from fleet_rlm.core import errors
+from fleet_rlm import errors
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -34,7 +34,7 @@ class VolumeError(errors.UserError):
     """A volume operation was refused or failed; the message says why."""
 
 
-class NotFound(VolumeError, errors.NotFound):
+class VolumeNotFound(VolumeError, errors.NotFound):
     """Nothing is at that path: no such volume, file or folder."""
 
 
@@ -75,7 +75,7 @@ def _refusal(dir_fd: int, name: str, rel: str, where: str, *, want: str) -> Volu
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return NotFound(f"no {want} {rel!r} {where}")
+        return VolumeNotFound(f"no {want} {rel!r} {where}")
     if stat.S_ISLNK(st.st_mode):
         return VolumeError(f"{rel!r} {where} is a symbolic link: {LINK_HINT}")
     if kind(st.st_mode) == {"folder": "dir", "file": "file"}[want]:  # it was something else a moment ago
@@ -101,7 +101,7 @@ def open_dir(base_fd: int, parts: list[str], where: str, *, create: bool = False
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
-                    raise NotFound(f"no folder {rel!r} {where}") from None
+                    raise VolumeNotFound(f"no folder {rel!r} {where}") from None
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, DIR_MODE, dir_fd=fd)
                 child = os.open(part, DIR_FLAGS, dir_fd=fd)

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fleet_rlm.core.errors import UserError
 from fleet_rlm.core.uploads import limit_bytes, too_large
+from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings

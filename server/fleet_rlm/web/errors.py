@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from fleet_rlm.config import ConfigError
-from fleet_rlm.core.errors import FleetError
+from fleet_rlm.errors import FleetError
 from fleet_rlm.redaction import redact_text
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_rlm.core import views
-from fleet_rlm.core.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
-from fleet_rlm.core.types import RunStatus
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
+from fleet_rlm.types import RunStatus
 
 ID = Field(min_length=1, max_length=200)
 

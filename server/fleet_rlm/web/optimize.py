@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from starlette.responses import StreamingResponse
 
-from fleet_rlm.core.errors import UserError
-from fleet_rlm.core.types import ACTIVE_STATUSES
+from fleet_rlm.errors import UserError
 from fleet_rlm.optimize import datasets, runner, versions
 from fleet_rlm.optimize import views as ov
+from fleet_rlm.types import ACTIVE_STATUSES
 from fleet_rlm.web.api import Call, Routes
 from fleet_rlm.web.models import Strict
 from fleet_rlm.web.sse import EventsQuery, stream_events

@@ -12,10 +12,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive
 
 from fleet_rlm.core import housekeeping, html_export, operations, uploads, views
-from fleet_rlm.core.errors import NotFound, UserError
 from fleet_rlm.core.rerun import ReplayReport
-from fleet_rlm.core.types import RunRequest
 from fleet_rlm.core.views import CancelResult
+from fleet_rlm.errors import NotFound, UserError
+from fleet_rlm.types import RunRequest
 from fleet_rlm.web import models as m
 from fleet_rlm.web.api import Call, Routes
 from fleet_rlm.web.sse import EventsQuery, stream_events

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pydantic import BaseModel, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 from fleet_rlm.web.api import Call
 
 RETRY_MS = 2000

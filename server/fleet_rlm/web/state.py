@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message
 
 from fleet_rlm.config import load_settings
-from fleet_rlm.core.errors import FleetError, Unavailable
+from fleet_rlm.errors import FleetError, Unavailable
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine

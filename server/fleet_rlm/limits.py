@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fleet_rlm.core.errors import UserError
+from fleet_rlm.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The vocabulary every face shares: run requests and results, statuses, event kinds and payloads.
 
 A leaf: it imports nothing of DSPy and nothing of this package but the error classes and the run limits
-(``core.limits``, a leaf too), so the CLI, MCP, web and desktop faces can import it for free, and core
+(``fleet_rlm.limits``, a leaf too), so the CLI, MCP, web and desktop faces can import it for free, and core
 modules depend on it, not on each other.
 
 Events travel in a versioned envelope (``EVENT_VERSION``)::
@@ -19,8 +19,8 @@ from typing import Any, Final, Literal, Protocol
 
 from typing_extensions import TypedDict  # pydantic builds the events schema from these (needs it before 3.12)
 
-from fleet_rlm.core.errors import UserError
-from fleet_rlm.core.limits import LIMITS, check_limits
+from fleet_rlm.errors import UserError
+from fleet_rlm.limits import LIMITS, check_limits
 
 # -- run statuses -----------------------------------------------------------------------------
 
@@ -279,7 +279,7 @@ PAYLOADS: Final[dict[str, type]] = {
 @dataclass
 class RunRequest:
     """What a face asks for. Limits left as None take the settings' values; the rest are checked against
-    their one declaration (``core.limits``), so every face refuses a bad one with the same sentence.
+    their one declaration (``fleet_rlm.limits``), so every face refuses a bad one with the same sentence.
 
     Construction checks what can be checked without the settings or the file system, so a bad
     request never becomes a recorded run."""
