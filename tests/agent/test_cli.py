@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.agent.conftest import MEMORY, memory_file
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 BIN = Path(sys.executable).parent
 

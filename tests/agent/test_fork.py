@@ -26,6 +26,7 @@ async def _recorded(engine: Engine, tmp_path: Path) -> str:
     return result.run_id
 
 
+@pytest.mark.slow
 async def test_the_agent_replays_at_once_and_forks_after_approval(
     engine: Engine, agent_lm: AgentLM, needle: OracleLM, tmp_path: Path
 ) -> None:

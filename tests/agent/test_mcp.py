@@ -24,6 +24,7 @@ def answering(content: dict[str, Any] | None, action: str = "accept", asked: lis
     return callback
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("era", ["legacy", "auto"])
 async def test_elicitation_approves_the_memory_write(agent_env: dict[str, str], era: str) -> None:
     asked: list[str] = []
@@ -40,6 +41,7 @@ async def test_elicitation_approves_the_memory_write(agent_env: dict[str, str], 
     assert audit == [("requested", "agent"), ("approved", "mcp"), ("executed", "agent")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("era", ["legacy", "auto"])
 async def test_elicitation_decline_is_a_rejection(agent_env: dict[str, str], era: str) -> None:
     decline = answering(None, action="decline")
@@ -49,6 +51,7 @@ async def test_elicitation_decline_is_a_rejection(agent_env: dict[str, str], era
     assert not memory_file(agent_env["FLEET_HOME"]).exists()
 
 
+@pytest.mark.slow
 async def test_without_elicitation_the_result_says_how_and_approve_works(agent_env: dict[str, str]) -> None:
     async with Client(build_server(), mode="auto") as c:
         out = (await c.call_tool("chat", {"message": "remember it"})).structured_content

@@ -87,6 +87,7 @@ async def test_adding_a_server_shows_its_command_and_waits_for_approval(
     assert_ended(started(pids))
 
 
+@pytest.mark.slow
 async def test_an_added_servers_tool_answers_the_next_turn(engine: Engine, agent_lm: AgentLM, tmp_path: Path) -> None:
     host = AgentHost.of(engine)
     pids = tmp_path / "pids"

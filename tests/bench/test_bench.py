@@ -106,6 +106,7 @@ def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_runner_exit_code_reflects_a_failed_bound(tmp_path: Path) -> None:
     impossible = tmp_path / "impossible.toml"
     impossible.write_text('[[bound]]\nratio = "server.later_over_first"\nmax = 0.0001\n')

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.cli.terminal import Terminal
 from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 BIN = Path(sys.executable).parent
 FIRST_WORD = "SUBMIT(context.split()[0] if context.strip() else 'EMPTY')"

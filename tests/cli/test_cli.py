@@ -40,6 +40,7 @@ def test_help_does_not_load_the_runtime() -> None:
     assert "run" in subprocess.run([str(BIN / "fleet-rlm"), "--help"], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 def test_run_needle_over_5mb_file_json(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("secret code", NEEDLE_STEPS))
     hay = write_haystack(tmp_path / "big.log", 5_000_000, "Z9X8")
@@ -65,6 +66,7 @@ def test_run_needle_over_5mb_file_json(fleet_env: dict, oracle: OracleLM, tmp_pa
     assert sum(e["kind"] == "subcall.finished" for e in events) == chunks
 
 
+@pytest.mark.slow
 def test_run_64_batched_subqueries_from_stdin(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(
         Scenario(
@@ -98,6 +100,7 @@ def test_missing_model_is_one_clear_line(fleet_env: dict) -> None:
     assert "MCP" not in proc.stderr  # the MCP face's hint about client configuration is its own
 
 
+@pytest.mark.slow
 def test_volumes_roundtrip(fleet_env: dict, tmp_path: Path) -> None:
     note = tmp_path / "note.md"
     note.write_text("remember the milk")
@@ -111,6 +114,7 @@ def test_volumes_roundtrip(fleet_env: dict, tmp_path: Path) -> None:
     assert cli("volumes", "cat", "notes/memory/note.md", env=fleet_env).returncode != 0
 
 
+@pytest.mark.slow
 def test_config_keeps_secrets_out_of_files(fleet_env: dict) -> None:
     assert cli("config", "set", "max_iters", "7", env=fleet_env).returncode == 0
     assert cli("config", "get", "max_iters", env=fleet_env).stdout.strip() == "7"
@@ -124,6 +128,7 @@ def test_config_keeps_secrets_out_of_files(fleet_env: dict) -> None:
     assert fleet_env["FLEET_LM_API_KEY"] not in listing and "lm_api_key" in listing
 
 
+@pytest.mark.slow
 def test_doctor_reports_model_and_isolation(fleet_env: dict) -> None:
     proc = cli("doctor", "--json", env=fleet_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -135,6 +140,7 @@ def test_doctor_reports_model_and_isolation(fleet_env: dict) -> None:
     assert down.returncode == 1 and "cannot reach" in json.loads(down.stdout)["model"]["detail"]
 
 
+@pytest.mark.slow
 def test_chat_follow_up_uses_repl_state(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     doc = tmp_path / "doc.txt"
     doc.write_text("alpha beta gamma delta")
@@ -149,6 +155,7 @@ def test_chat_follow_up_uses_repl_state(fleet_env: dict, oracle: OracleLM, tmp_p
     assert "gamma" in proc.stdout and "GAMMA" in proc.stdout, (answers, proc.stderr)
 
 
+@pytest.mark.slow
 def test_killed_process_leaves_run_interrupted_with_events(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("hang", ["print('working')", "import time\ntime.sleep(120)"]))
     proc = subprocess.Popen(
@@ -192,6 +199,7 @@ def _no_stray_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
 
 
+@pytest.mark.slow
 def test_serve_mcp_refuses_open_bind_without_auth(fleet_env: dict) -> None:
     env = {k: v for k, v in fleet_env.items()}
     proc = subprocess.run(
@@ -214,6 +222,7 @@ def test_serve_mcp_refuses_open_bind_without_auth(fleet_env: dict) -> None:
     assert "drop --no-auth" in proc.stderr and "FLEET_MCP_TOKEN" in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.slow
 def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
     oracle.add(Scenario("quick one", ["SUBMIT('quick answer')"]))
@@ -239,6 +248,7 @@ def test_chat_ctrl_c_cancels_the_run_not_the_chat(fleet_env: dict, oracle: Oracl
     assert [r["status"] for r in runs] == ["succeeded", "cancelled"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ctrl_c_reaches_children")
 def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow one", ["import time\ntime.sleep(60)\nSUBMIT('late')"]))
@@ -260,6 +270,7 @@ def test_run_ctrl_c_records_cancelled(fleet_env: dict, oracle: OracleLM) -> None
     assert json.loads(cli("runs", "--json", env=fleet_env).stdout)[0]["status"] == "cancelled"
 
 
+@pytest.mark.slow
 def test_run_reads_every_reply_form_without_extra_calls(fleet_env: dict, oracle: OracleLM) -> None:
     """A model that answers each step in another form (JSON, tags, prose and one block ...): each is
     read as it comes, the run takes one model call per step, and the forms are counted."""
@@ -284,6 +295,7 @@ def test_run_reads_every_reply_form_without_extra_calls(fleet_env: dict, oracle:
     assert shown == ["json", "json", "prose_code", "xml", "fields_unclosed", "fields"]
 
 
+@pytest.mark.slow
 def test_prompt_cache_share_and_saving_in_run_and_trace(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("count to two", ["x = 1\nprint(x)", "SUBMIT(x + 1)"]))
     oracle.state.cache_reads = 100  # each reply reports 100 prompt tokens read from the provider's cache

@@ -73,6 +73,7 @@ def help_flags(words: Key, env: dict[str, str]) -> tuple[set[str], list[str]]:
     return flags - {"--help"}, subcommands
 
 
+@pytest.mark.slow
 def test_help_and_docs_agree(fleet_env: dict) -> None:
     docs = documented()
     shown: dict[Key, set[str]] = {}
@@ -353,6 +354,7 @@ def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tm
     assert _run_ids(fleet_env) == before, "a refused request was recorded as a run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", [["--volume", "../x"], ["--context", "vol:nope/x"], ["--context", "{empty}"]])
 def test_bad_context_is_refused_before_a_run(fleet_env: dict, bad: list[str], tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()

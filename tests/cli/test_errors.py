@@ -94,6 +94,7 @@ def test_config_messages(fleet_env: dict, tmp_path: Path) -> None:
     assert "not echoed" not in secret.stdout + secret.stderr  # refused before asking for the key
 
 
+@pytest.mark.slow
 def test_wrong_model_name_fails_before_the_first_step(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.state.strict_models = True  # it refuses names it does not list, as vLLM and hosted APIs do
     env = {**fleet_env, "FLEET_LM_MODEL": "openai/gpt-nope", "FLEET_LM_RETRIES": "3"}
@@ -108,6 +109,7 @@ def test_wrong_model_name_fails_before_the_first_step(fleet_env: dict, oracle: O
     assert doctor.returncode == 1 and "serves no model 'gpt-nope'" in json.loads(doctor.stdout)["model"]["detail"]
 
 
+@pytest.mark.slow
 def test_a_server_that_answers_any_name_runs_with_one_warning(fleet_env: dict, oracle: OracleLM) -> None:
     """llama.cpp's server lists its GGUF file and answers to any name, as wildcard proxies do."""
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
@@ -121,6 +123,7 @@ def test_a_server_that_answers_any_name_runs_with_one_warning(fleet_env: dict, o
     assert doctor["ok"] is True and "does not list 'qwen2.5-7b-instruct'" in doctor["detail"]
 
 
+@pytest.mark.slow
 def test_an_ollama_model_it_does_not_list_is_refused_without_a_call(fleet_env: dict, oracle: OracleLM) -> None:
     """Ollama serves exactly the models it lists (the pulled ones): its list is a definite answer."""
     proc = cli("run", "hello", "--text", "x", env={**fleet_env, "FLEET_LM_MODEL": "ollama_chat/nope"})
@@ -128,6 +131,7 @@ def test_an_ollama_model_it_does_not_list_is_refused_without_a_call(fleet_env: d
     assert oracle.requests() == [] and runs(fleet_env) == []
 
 
+@pytest.mark.slow
 def test_closed_port_fails_fast_with_the_fix(fleet_env: dict) -> None:
     env = {**fleet_env, "FLEET_LM_API_BASE": "http://127.0.0.1:9/v1", "FLEET_LM_RETRIES": "3"}
     proc = cli("run", "hello", "--text", "x", "--json", env=env)
@@ -137,6 +141,7 @@ def test_closed_port_fails_fast_with_the_fix(fleet_env: dict) -> None:
     assert json.loads(cli("runs", "--json", env=env).stdout) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["openai/", "no-such-provider-model"])
 def test_model_string_without_provider_is_refused_with_the_form(fleet_env: dict, model: str) -> None:
     proc = cli("run", "hello", "--text", "x", env={**fleet_env, "FLEET_LM_MODEL": model})
@@ -151,6 +156,7 @@ def test_doctor_keyring_is_fine_when_the_key_is_in_the_environment(fleet_env: di
     assert isinstance(report["sandbox"]["detail"], str)
 
 
+@pytest.mark.slow
 def test_unusable_sandbox_in_settings_fails_doctor_with_the_fix_that_works(fleet_env: dict) -> None:
     assert cli("config", "set", "sandbox", "daytona", env=fleet_env).returncode == 0
     doctor = cli("doctor", "--offline", "--json", env=fleet_env)
@@ -161,6 +167,7 @@ def test_unusable_sandbox_in_settings_fails_doctor_with_the_fix_that_works(fleet
     assert refused.returncode == 2 and refused.stderr.startswith("error: ") and runs(fleet_env) == []
 
 
+@pytest.mark.slow
 def test_context_from_a_terminal_says_how_to_finish(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("echo it", ["SUBMIT(context.strip().upper())"]))
     term = Terminal("fleet-rlm", "run", "echo it", "--context", "-", env=fleet_env)
@@ -197,6 +204,7 @@ def test_progress_line_ticks_and_names_what_the_run_waits_for() -> None:
     assert "waiting" not in progress.line().plain
 
 
+@pytest.mark.slow
 def test_live_timer_ticks_while_the_model_thinks(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("slow model", ["SUBMIT('done thinking')"]))
     oracle.state.latency = 2.5  # one root call: long enough for several redraws in between

@@ -31,6 +31,7 @@ def run_id(fleet_env: dict, oracle: OracleLM) -> str:
     return str(result["run_id"])
 
 
+@pytest.mark.slow
 def test_export_html_writes_one_file_reports_its_size_and_keeps_an_existing_file(
     fleet_env: dict, run_id: str, tmp_path: Path
 ) -> None:
@@ -52,6 +53,7 @@ def test_export_html_writes_one_file_reports_its_size_and_keeps_an_existing_file
     assert "EXPORT-ROOT: make a trace to share" in out.read_text()
 
 
+@pytest.mark.slow
 def test_export_rlms_rows_rebuild_through_the_reference_package(fleet_env: dict, run_id: str, tmp_path: Path) -> None:
     proc = cli("export", run_id, "--format", "rlms", env=fleet_env)
     assert proc.returncode == 0, proc.stderr

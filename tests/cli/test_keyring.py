@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 BIN = Path(sys.executable).parent
 SECRET = "sk-keyring-only-9f8e7d6c"

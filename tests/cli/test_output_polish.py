@@ -13,6 +13,7 @@ import pytest
 from tests.cli.test_cli import BIN, cli
 
 
+@pytest.mark.slow
 def test_config_list_aligns_values_to_the_longest_name(fleet_env: dict[str, str]) -> None:
     proc = cli("config", "list", env=fleet_env)
     assert proc.returncode == 0, proc.stderr
@@ -24,6 +25,7 @@ def test_config_list_aligns_values_to_the_longest_name(fleet_env: dict[str, str]
     assert len(source_columns) == 1
 
 
+@pytest.mark.slow
 def test_volume_listing_says_1_entry(fleet_env: dict[str, str], tmp_path: Path) -> None:
     note = tmp_path / "a"
     note.write_text("x")
@@ -32,6 +34,7 @@ def test_volume_listing_says_1_entry(fleet_env: dict[str, str], tmp_path: Path) 
     assert " 1 entry " in listing and " 1 byte " in listing and "1 entries" not in listing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["fleet", "web", "--no-open"], ["fleet-mcp", "--transport", "http"]])
 def test_busy_port_is_one_line_that_names_the_fix(fleet_env: dict[str, str], command: list[str]) -> None:
     with socket.socket() as taken:

@@ -28,6 +28,7 @@ def _run(env: dict, context: Path) -> str:
     return str(result["run_id"])
 
 
+@pytest.mark.slow
 def test_a_run_replays_with_the_model_server_stopped(
     fleet_env: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -52,6 +53,7 @@ def test_a_run_replays_with_the_model_server_stopped(
     assert "answer: recorded 'A1 B2 from alpha', now 'A1 B2 from beta'" in changed.stdout
 
 
+@pytest.mark.slow
 def test_a_fork_asks_no_model_before_its_step_and_shows_its_lineage(
     fleet_env: dict, oracle: OracleLM, tmp_path: Path
 ) -> None:
@@ -82,6 +84,7 @@ def test_a_fork_asks_no_model_before_its_step_and_shows_its_lineage(
     )
 
 
+@pytest.mark.slow
 def test_replay_all_since_sums_up_and_fails_on_a_divergence(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
     oracle.add(Scenario("find the codes", STEPS))
     steady, moving = tmp_path / "steady.txt", tmp_path / "moving.txt"
@@ -113,6 +116,7 @@ def test_replay_all_since_sums_up_and_fails_on_a_divergence(fleet_env: dict, ora
         ["fork", "{run}"],
     ],
 )
+@pytest.mark.slow
 def test_bad_requests_are_refused_before_a_run(
     argv: list[str], fleet_env: dict, oracle: OracleLM, tmp_path: Path
 ) -> None:

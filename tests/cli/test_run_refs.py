@@ -29,12 +29,14 @@ def _exported_run_ids(env: dict[str, str], ref: str) -> set[str]:
     return {json.loads(line)["run_id"] for line in proc.stdout.splitlines()}
 
 
+@pytest.mark.slow
 def test_trace_last_and_last_tilde_n(seeded: dict[str, str]) -> None:
     assert "question 3" in _traced_question(seeded, "last")  # the newest person's run, not the eval after it
     assert "question 3" in _traced_question(seeded, "last~0")
     assert "question 2" in _traced_question(seeded, "last~1")
 
 
+@pytest.mark.slow
 def test_export_by_unique_suffix_or_prefix(seeded: dict[str, str]) -> None:
     assert _exported_run_ids(seeded, "aacafe") == {OLDEST}
     assert _exported_run_ids(seeded, NEWEST[:13]) == {NEWEST}
@@ -51,6 +53,7 @@ def test_export_by_unique_suffix_or_prefix(seeded: dict[str, str]) -> None:
         ("abc", "give at least 4 characters"),
     ],
 )
+@pytest.mark.slow
 def test_ambiguous_or_unknown_ref_exits_2_with_one_line(seeded: dict[str, str], ref: str, message: str) -> None:
     proc = cli("trace", ref, env=seeded)
     assert proc.returncode == 2

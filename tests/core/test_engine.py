@@ -306,6 +306,7 @@ async def test_session_warns_when_its_repl_was_lost(fleet_env: dict, oracle: Ora
     assert any("REPL state is gone" in w for w in warnings)
 
 
+@pytest.mark.slow
 async def test_transient_errors_are_retried(
     fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -394,3 +395,12 @@ async def test_the_model_list_is_read_once_however_many_runs_start_at_once(fleet
         results = [await engine.wait(run_id) for run_id in [*first, later]]
     assert [r.answer for r in results] == ["ok"] * 9
     assert oracle.state.models_listed == 1
+
+
+def test_ids_made_in_the_same_moment_differ_from_their_start() -> None:
+    """A person tells runs apart by an id's first characters (`trace r3fa9`), so those are random."""
+    from fleet_rlm.core.engine import new_id
+
+    ids = [new_id("r") for _ in range(64)]
+    assert len({i[:5] for i in ids}) >= 56  # a time-first id shares its first 8 characters for years
+    assert len(set(ids)) == 64

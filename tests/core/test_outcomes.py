@@ -27,6 +27,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_budget_stop_exits_3_and_lists_partial(fleet_env: dict[str, str], oracle: OracleLM) -> None:
     oracle.add(NEVER_DONE)
     proc = cli("run", "never done", "--text", "x", "--max-iters", "2", "--json", env=fleet_env)
@@ -69,6 +70,7 @@ async def test_web_api_reports_partial(fleet_env: dict[str, str], oracle: Oracle
     assert [r["run_id"] for r in listed["runs"]] == [run_id]
 
 
+@pytest.mark.slow
 def test_binary_only_folder_is_an_input_mistake(fleet_env: dict[str, str], oracle: OracleLM, tmp_path: Path) -> None:
     blobs = tmp_path / "blobs"
     blobs.mkdir()

@@ -134,6 +134,7 @@ async def test_run_exports_openinference_span_tree(
     assert SECRET not in every_value and "***" in attrs(run)["input.value"]
 
 
+@pytest.mark.slow
 async def test_collector_down_costs_the_run_nothing(
     fleet_env: dict, needle: OracleLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

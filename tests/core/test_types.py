@@ -53,6 +53,7 @@ async def test_every_event_of_a_real_run_matches_its_payload_type(fleet_env: dic
     assert seen >= run_kinds - {"warning", "replay.diverged"}  # a replay's: tests/core/test_replay.py
 
 
+@pytest.mark.slow
 def test_the_public_api_loads_lazily_and_faces_types_stay_light() -> None:
     import subprocess
     import sys

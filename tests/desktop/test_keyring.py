@@ -32,6 +32,7 @@ def _no_file_holds(home: Path, secret: str) -> None:
     assert files and all(secret.encode() not in p.read_bytes() for p in files)
 
 
+@pytest.mark.slow
 def test_key_saved_in_settings_reaches_the_model_in_memory_keyring(desktop_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
     env = _keyring_env(desktop_env, "tests.desktop.memory_keyring.MemoryKeyring")
@@ -46,6 +47,7 @@ def test_key_saved_in_settings_reaches_the_model_in_memory_keyring(desktop_env: 
     assert SECRET not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["keyring.backends.fail.Keyring", "keyring.backends.null.Keyring"])
 def test_a_keyring_that_cannot_keep_secrets_is_refused_with_guidance(desktop_env: dict, backend: str) -> None:
     env = _keyring_env(desktop_env, backend)
@@ -59,6 +61,7 @@ def test_a_keyring_that_cannot_keep_secrets_is_refused_with_guidance(desktop_env
     _no_file_holds(Path(env["FLEET_HOME"]), SECRET)
 
 
+@pytest.mark.slow
 def test_key_saved_in_settings_lands_in_the_secret_service_and_the_next_run_uses_it(
     desktop_env: dict, oracle: OracleLM
 ) -> None:

@@ -25,6 +25,7 @@ def _pixels(path: Path) -> list[int]:
     return [image.pixelColor(x, y).lightness() for x in range(0, w, 7) for y in range(0, h, 7)]
 
 
+@pytest.mark.slow
 def test_self_test_opens_the_window_signs_in_and_writes_a_screenshot(desktop_env: dict, tmp_path: Path) -> None:
     shot = tmp_path / "shots" / "shot.png"
     proc = subprocess.run(

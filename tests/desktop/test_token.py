@@ -13,7 +13,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.desktop.conftest import BIN
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 
 def _request(port: int, method: str, path: str, headers: dict[str, str] | None = None,

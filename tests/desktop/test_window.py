@@ -9,8 +9,12 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.desktop.conftest import BIN, drive
 from tests.support.oracle_lm import OracleLM, Scenario
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 
 def _runs(env: dict) -> list[dict]:

@@ -64,6 +64,7 @@ async def test_replay_and_fork_tools(client: Client, oracle: OracleLM) -> None:
     assert unknown.is_error and "no run 'r-nope'" in unknown.content[0].text  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 async def test_cancelling_a_fork_call_cancels_the_fork(fleet_env: dict, oracle: OracleLM, era: str) -> None:
     oracle.add(Scenario("take your time", ["print('quick')", "SUBMIT('never')"]))
     async with Engine(load_settings()) as engine, Client(build_server(engine), mode=era) as client:

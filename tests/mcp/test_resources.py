@@ -34,6 +34,7 @@ async def test_resource_listing(client: Client) -> None:
     assert all(t.description for t in templates.values())
 
 
+@pytest.mark.slow
 async def test_run_resources(client: Client, oracle: OracleLM) -> None:
     assert json.loads((await client.read_resource("fleet://runs")).contents[0].text) == []  # type: ignore[union-attr]
     oracle.add(Scenario("hello", ["SUBMIT('hi there')"]))
@@ -68,6 +69,7 @@ async def _wait_done(client: Client, run_id: str) -> None:
             await anyio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_modern_clients_get_updates_via_listen(fleet_env: dict, oracle: OracleLM) -> None:
     async with Client(build_server(), mode="auto") as client:
         await client.call_tool("list_runs", {})  # open the engine, so its watcher runs
@@ -89,6 +91,7 @@ async def test_modern_clients_get_updates_via_listen(fleet_env: dict, oracle: Or
         await _wait_done(client, run_id)
 
 
+@pytest.mark.slow
 async def test_legacy_clients_get_updates_via_subscribe(fleet_env: dict, oracle: OracleLM) -> None:
     updates: list[str] = []
     got = anyio.Event()

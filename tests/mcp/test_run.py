@@ -116,6 +116,7 @@ async def test_start_run_then_get_run_until_done(client: Client, needle: OracleL
     assert resource["answer"] == "OWL5" and resource["status"] == "succeeded"
 
 
+@pytest.mark.slow
 async def test_client_cancelling_run_cancels_it(fleet_env: dict, slow: OracleLM, era: str) -> None:
     async with Engine(load_settings()) as engine:  # shared: the test can look at the store
         async with Client(build_server(engine), mode=era) as client:

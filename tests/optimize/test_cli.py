@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.oracle_lm import PRICED, OracleLM, Scenario
+
+pytestmark = pytest.mark.slow  # each test starts real processes
 
 BIN = Path(sys.executable).parent / "fleet-rlm"
 

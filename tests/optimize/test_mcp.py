@@ -28,6 +28,7 @@ async def client(fake_env: dict[str, str], shout: OracleLM, shout_file: Path) ->
         yield c
 
 
+@pytest.mark.slow
 async def test_optimize_promote_and_roll_back_over_mcp(client: Client, shout: OracleLM) -> None:
     progress: list[str] = []
 

@@ -104,6 +104,7 @@ async def test_gepa_proposes_an_instruction_that_the_next_run_sends(
         assert f"+{INSTRUCTION}" in diff.instructions["act"]
 
 
+@pytest.mark.slow
 async def test_mipro_finds_the_better_instruction(fake_env: dict, shout: OracleLM, shout_file: Path) -> None:
     async with Engine() as engine:
         await _dataset(engine, shout_file)
@@ -135,6 +136,7 @@ async def test_the_gate_refuses_a_candidate_that_is_no_better_unless_overridden(
         assert store.activations()[0]["reason"] == "override: demos help new users"
 
 
+@pytest.mark.slow
 async def test_cancel_then_resume_skips_every_finished_evaluation(
     fake_env: dict, shout: OracleLM, shout_file: Path
 ) -> None:

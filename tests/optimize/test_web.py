@@ -18,6 +18,7 @@ from tests.web.conftest import AUTH, TOKEN, api_client, parse_sse, serving, wait
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow
 async def test_the_optimization_api(fake_env: dict, shout: OracleLM, shout_file: Path) -> None:
     async with api_client() as client:
         made = await client.post("/api/datasets", json={"name": "shout", "jsonl": shout_file.read_text()})

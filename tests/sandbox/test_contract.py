@@ -79,6 +79,7 @@ async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         await box.shutdown()
 
 
+@pytest.mark.slow
 async def test_namespace_persists_and_output_and_value_are_both_kept(make) -> None:
     box = make()
     await box.start()

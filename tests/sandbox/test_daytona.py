@@ -79,6 +79,7 @@ def _sid(box: DaytonaSandbox) -> str:
     return str(box._remote.sandbox.id)
 
 
+@pytest.mark.slow
 async def test_429_waits_for_retry_after(make, daytona_double: Any) -> None:
     mark = len(log_since(daytona_double, 0))
     fault(daytona_double, kind="http", match="^POST /api/sandbox$", status=429, retry_after=0.6)

@@ -59,6 +59,7 @@ async def test_register_functions_after_start(make_sandbox):
     assert (await sb.execute("add(2, b=3)")).value == "5"
 
 
+@pytest.mark.slow
 async def test_big_string_argument_travels_through_the_pipe(make_sandbox, tmp_path: Path):
     received: list[str] = []
 
@@ -77,6 +78,7 @@ async def test_big_string_argument_travels_through_the_pipe(make_sandbox, tmp_pa
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == []
 
 
+@pytest.mark.slow
 async def test_an_argument_over_the_message_limit_is_a_readable_error(make_sandbox):
     called: list[int] = []
 
@@ -91,6 +93,7 @@ async def test_an_argument_over_the_message_limit_is_a_readable_error(make_sandb
     assert (await sb.execute("1 + 1")).value == "2"  # the REPL goes on
 
 
+@pytest.mark.slow
 async def test_put_text_of_100_mb_from_a_host_file(make_sandbox, tmp_path: Path):
     big = tmp_path / "input.txt"  # host-owned: outside anything the sandbox sees
     line = "0123456789abcdefghijklmnopqrstuvwxyz\u00e9\n"  # one non-ASCII char per line

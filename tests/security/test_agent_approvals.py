@@ -87,6 +87,7 @@ def agent_chat(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 # -- 3. the card shows exactly what will run ----------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_card_shows_key_shaped_command_and_arguments_exactly(
     agent_env: dict[str, str],  # noqa: F811
     agent_lm: AgentLM,  # noqa: F811
@@ -106,6 +107,7 @@ async def test_card_shows_key_shaped_command_and_arguments_exactly(
     assert f"The agent asks to {EXACT}\n" in shown.stderr, shown.stderr
 
 
+@pytest.mark.slow
 async def test_card_with_a_configured_secret_offers_no_approve_and_the_api_refuses_it(
     agent_env: dict[str, str],  # noqa: F811
     agent_lm: AgentLM,  # noqa: F811
@@ -205,6 +207,7 @@ async def test_memory_card_names_the_file_the_tool_writes_and_says_overwrite(
 # -- 5. answers are whole words, on every face --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_terminal_prompt_does_not_approve_on_a_first_letter(agent_env: dict[str, str]) -> None:  # noqa: F811
     term = Terminal("fleet", "--agent", env=agent_env)
     try:
@@ -228,6 +231,7 @@ def test_terminal_prompt_does_not_approve_on_a_first_letter(agent_env: dict[str,
     assert not memory_file(agent_env["FLEET_HOME"]).exists()
 
 
+@pytest.mark.slow
 async def test_web_and_mcp_decisions_take_only_true_false_or_whole_words(
     agent_env: dict[str, str],  # noqa: F811
 ) -> None:
@@ -276,6 +280,7 @@ def fleet_rlm(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_run_with_a_cap_on_an_unpriced_model_fails_before_any_model_call(
     fleet_env: dict[str, str], oracle: OracleLM
 ) -> None:
@@ -290,6 +295,7 @@ def test_run_with_a_cap_on_an_unpriced_model_fails_before_any_model_call(
     assert listed == []  # nor a run recorded
 
 
+@pytest.mark.slow
 def test_with_a_per_token_price_the_cap_is_enforced(fleet_env: dict[str, str], oracle: OracleLM) -> None:
     # Four sub-calls of ~25k prompt tokens each at $1 per million: about $0.10, past a $0.01 cap.
     oracle.add(Scenario("pricey", ["r = llm_query_batched(['word ' * 20000] * 4)\nprint(len(r))", "SUBMIT('x')"]))

@@ -269,6 +269,7 @@ def _read_only_cgroups_script(body: str) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", remounts + body]
 
 
+@pytest.mark.slow
 @needs_root
 @needs_cgroups
 def test_doctor_strict_fails_when_caps_are_not_enforced_and_sandboxes_still_run(fleet_env: dict, tmp_path):

@@ -92,6 +92,7 @@ async def sandbox(tmp_path: Path) -> AsyncIterator[Callable[..., LocalSandbox]]:
 # -- host calls: bytes held on the host ------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_forged_host_calls_hold_no_more_host_memory_than_the_budget(sandbox) -> None:
     release = asyncio.Event()
     started: list[int] = []
@@ -116,6 +117,7 @@ async def test_forged_host_calls_hold_no_more_host_memory_than_the_budget(sandbo
     assert (await box.execute("6 * 7")).data == 42  # the sandbox goes on
 
 
+@pytest.mark.slow
 async def test_the_process_budget_is_shared_by_every_sandbox_and_refusals_are_clear(sandbox) -> None:
     release = asyncio.Event()
     calls: list[int] = []
@@ -166,6 +168,7 @@ async def test_bytes_of_a_call_cancelled_before_it_ran_are_given_back() -> None:
     await answered
 
 
+@pytest.mark.slow
 async def test_forged_sub_calls_in_a_run_never_reach_the_model_and_memory_stays_bounded(
     fleet_env: dict, oracle: OracleLM
 ) -> None:
@@ -262,6 +265,7 @@ async def test_a_session_work_folder_stays_within_its_quota_across_runs(
     assert "over quota" in seen and "FLEET_WORK_QUOTA_MB" in seen
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_work_folder_and_host_call_caps(fleet_env: dict) -> None:
     fleet = str(Path(sys.executable).parent / "fleet-rlm")
     env = {**os.environ, **fleet_env, "FLEET_WORK_QUOTA_MB": "300", "FLEET_HOST_CALL_TOTAL_MB": "700"}

@@ -91,6 +91,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 # -- the attack: a face points a model elsewhere, no key follows ---------------------------------
 
 
+@pytest.mark.slow
 def test_web_settings_never_send_the_key_to_a_new_sub_model_host(
     fleet_env: dict[str, str], needle: OracleLM, listener: OracleLM, tmp_path: Path
 ) -> None:
@@ -102,6 +103,7 @@ def test_web_settings_never_send_the_key_to_a_new_sub_model_host(
     assert keys_seen(needle, "root") == {f"Bearer {KEY}"}  # the root model still has its key
 
 
+@pytest.mark.slow
 def test_web_settings_never_send_the_key_to_a_new_agent_model_host(
     fleet_env: dict[str, str], needle: OracleLM, tmp_path: Path
 ) -> None:
@@ -114,6 +116,7 @@ def test_web_settings_never_send_the_key_to_a_new_agent_model_host(
         no_key_reached(agent)
 
 
+@pytest.mark.slow
 def test_cli_config_set_never_sends_the_key_to_a_new_sub_model_host(
     fleet_env: dict[str, str], needle: OracleLM, listener: OracleLM
 ) -> None:
@@ -125,6 +128,7 @@ def test_cli_config_set_never_sends_the_key_to_a_new_sub_model_host(
     assert keys_seen(needle, "root") == {f"Bearer {KEY}"}
 
 
+@pytest.mark.slow
 def test_a_root_base_saved_in_settings_never_gets_the_environment_key(
     fleet_env: dict[str, str], listener: OracleLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,6 +153,7 @@ def test_a_root_base_saved_in_settings_never_gets_the_environment_key(
 # -- the way that works: give the key again, for the new base ------------------------------------
 
 
+@pytest.mark.slow
 def test_a_key_given_again_with_the_new_base_goes_there_and_only_there(
     fleet_env: dict[str, str], needle: OracleLM, listener: OracleLM, tmp_path: Path
 ) -> None:
@@ -169,6 +174,7 @@ def test_a_key_given_again_with_the_new_base_goes_there_and_only_there(
     assert keys_seen(needle, "root") == {f"Bearer {KEY}"}
 
 
+@pytest.mark.slow
 def test_cli_key_given_again_in_a_real_keyring_goes_only_to_its_base(
     fleet_env: dict[str, str], needle: OracleLM, listener: OracleLM
 ) -> None:
@@ -248,6 +254,7 @@ def test_a_key_for_no_model_yet_is_refused_with_the_fix(memory_keyring: None, mo
 # -- context_roots: which host files runs may read is not the web app's to change ----------------
 
 
+@pytest.mark.slow
 def test_context_roots_cannot_be_changed_through_the_web_app(fleet_env: dict[str, str], tmp_path: Path) -> None:
     """Settings that guard host files, where the Daytona key goes, or which private hosts the agent may
     fetch are refused by a running server (and shown read-only), with how to change them."""

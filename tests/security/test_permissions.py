@@ -56,6 +56,7 @@ async def test_an_older_open_home_is_tightened(fleet_env: dict[str, str]) -> Non
     assert mode(home) == 0o700 and mode(home / "fleet.db") == 0o600
 
 
+@pytest.mark.slow
 def test_settings_file_is_private(fleet_env: dict[str, str]) -> None:
     env = {**os.environ, **fleet_env}
     out = subprocess.run(
@@ -72,6 +73,7 @@ def test_settings_file_is_private(fleet_env: dict[str, str]) -> None:
     assert mode(settings) == 0o600 and mode(settings.parent) == 0o700
 
 
+@pytest.mark.slow
 def test_settings_saved_at_once_by_many_writers_stay_whole(fleet_env: dict[str, str]) -> None:
     """Two saves at the same moment (`config set` and the web app, say) neither fail nor leave a
     torn or temporary file behind: the last one wins whole."""

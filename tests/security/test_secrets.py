@@ -123,6 +123,7 @@ async def test_model_errors_never_show_the_key(keyed_env: dict[str, str], oracle
     assert_home_clean(home)
 
 
+@pytest.mark.slow
 async def test_mcp_replies_and_logs_never_show_the_key(
     keyed_env: dict[str, str], oracle: OracleLM, tmp_path: Path
 ) -> None:

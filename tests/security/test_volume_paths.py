@@ -86,6 +86,7 @@ def test_pipes_in_a_volume_never_block(tmp_path: Path) -> None:
 # -- through the CLI, as a real subprocess ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_refuses_planted_links_and_pipes(fleet_env: dict, outside: Path, tmp_path: Path) -> None:
     vol = LocalVolumes(Path(fleet_env["FLEET_HOME"]) / "volumes").ensure("notes")
     plant(vol, outside)
@@ -158,6 +159,7 @@ def test_web_answers_400_naming_the_limits_over_http(fleet_env: dict[str, str]) 
     assert not any((Path(fleet_env["FLEET_HOME"]) / "volumes" / "notes" / "memory").iterdir())
 
 
+@pytest.mark.slow
 def test_cli_names_the_limits_and_host_paths_fail_cleanly(fleet_env: dict[str, str], tmp_path: Path) -> None:
     LocalVolumes(Path(fleet_env["FLEET_HOME"]) / "volumes").ensure("notes")
     payload = tmp_path / "payload.txt"
@@ -201,6 +203,7 @@ def fast_switching() -> object:
     sys.setswitchinterval(old)
 
 
+@pytest.mark.slow
 def test_swapping_folders_and_links_never_reaches_outside(
     tmp_path: Path, outside: Path, fast_switching: object
 ) -> None:

@@ -309,6 +309,7 @@ _segments = st.sampled_from(["..", ".", "", "memory", "a", "..\\..", "/", "\x00"
 _paths = st.lists(_segments, max_size=6).map("/".join) | st.text(max_size=20)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(path=_paths, data=st.binary(max_size=8))
 def test_random_paths_never_leave_the_volume(tmp_path: Path, path: str, data: bytes) -> None:

@@ -41,6 +41,9 @@ LATENCY = 0.25  # per model call: the trace must be seen growing before the answ
 
 def _require_chromium() -> None:
     prereqs.require(f"Debian's chromium ({CHROMIUM})", Path(CHROMIUM).exists())
+    # Assertions wait for their condition and return as soon as it holds: a deadline long enough for a
+    # machine whose cores other work shares costs a passing test nothing (Playwright's default is 5 s).
+    expect.set_options(timeout=20_000)
 
 
 @pytest.fixture(scope="module")

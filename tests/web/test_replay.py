@@ -19,6 +19,7 @@ async def _finished(client: httpx.AsyncClient, response: httpx.Response) -> dict
     return await wait_finished(client, response.json()["run_id"])
 
 
+@pytest.mark.slow
 async def test_replay_and_fork_over_the_api(client: httpx.AsyncClient, scripted: OracleLM) -> None:
     scripted.add(Scenario("add up", STEPS))
     source = await _finished(client, await client.post("/api/runs", json={"question": "add up", "context_text": ["x"]}))
@@ -41,6 +42,7 @@ async def test_replay_and_fork_over_the_api(client: httpx.AsyncClient, scripted:
     assert trace["lineage"] == {"kind": "fork", "source": source["run_id"], "at": "root:2"}
 
 
+@pytest.mark.slow
 async def test_replay_and_fork_mistakes(client: httpx.AsyncClient, scripted: OracleLM) -> None:
     scripted.add(Scenario("add up", STEPS))
     source = await _finished(client, await client.post("/api/runs", json={"question": "add up", "context_text": ["x"]}))

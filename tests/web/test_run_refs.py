@@ -12,6 +12,7 @@ from tests.web.conftest import api_client
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow
 async def test_run_urls_take_last_and_a_suffix(fake_env: dict[str, str]) -> None:
     seed_runs(Path(fake_env["FLEET_HOME"]))
     async with api_client() as client:

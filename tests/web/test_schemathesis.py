@@ -43,6 +43,7 @@ def fleet_home() -> Iterator[None]:
             shutdown_lifespans()  # closes the app's Engine while its folder still exists
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case: schemathesis.Case) -> None:

@@ -113,6 +113,7 @@ async def _at_rest(model_port: int) -> tuple[float, list[str], int]:
     return rss_mb(), *open_fds(model_port)
 
 
+@pytest.mark.slow
 async def test_two_hundred_runs_exactly_once_and_flat(fake_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("soak run", STEPS))
     app = create_app(token=TOKEN)

@@ -63,6 +63,7 @@ def _engine(app: object):  # type: ignore[no-untyped-def]
     return engine
 
 
+@pytest.mark.slow
 async def test_resume_with_last_event_id_delivers_each_event_once(server: tuple[str, object]) -> None:
     base, _ = server
     async with httpx.AsyncClient(base_url=base, headers=AUTH, timeout=60) as client:
@@ -94,6 +95,7 @@ async def test_a_client_leaving_mid_run_closes_its_subscription(server: tuple[st
         assert (await client.get(f"/api/runs/{run_id}")).json()["answer"] == "slow done"
 
 
+@pytest.mark.slow
 async def test_hundred_subscribers_get_every_event(server: tuple[str, object]) -> None:
     base, app = server
     limits = httpx.Limits(max_connections=120)
@@ -109,6 +111,7 @@ async def test_hundred_subscribers_get_every_event(server: tuple[str, object]) -
     assert _engine(app).bus.subscriber_count() == baseline
 
 
+@pytest.mark.slow
 async def test_keep_alive_and_the_session_the_page_streams_with(server: tuple[str, object]) -> None:
     base, _ = server
     async with httpx.AsyncClient(base_url=base, timeout=60) as browser:  # as the page: never the token itself
@@ -122,6 +125,7 @@ async def test_keep_alive_and_the_session_the_page_streams_with(server: tuple[st
     assert "event: run.finished" in raw
 
 
+@pytest.mark.slow
 async def test_a_run_owned_by_another_process_streams_live(server: tuple[str, object], fake_env: dict) -> None:
     """The CLI runs the question in its own process (real local sandbox); the web app streams it."""
     base, _ = server

@@ -40,8 +40,9 @@ SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def new_id(prefix: str) -> str:
-    """Sortable by creation time, unguessable enough to share in a URL."""
-    return f"{prefix}{int(time.time() * 1000):x}{secrets.token_hex(3)}"
+    """Random first, so two ids differ from their first characters and a few of them name a run
+    (lists sort by the recorded time, not by id); the creation time after it keeps ids unique."""
+    return f"{prefix}{secrets.token_hex(3)}{int(time.time() * 1000):x}"
 
 
 @dataclass
