@@ -28,6 +28,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import secrets
 import socket
@@ -153,7 +154,7 @@ def max_sessions() -> int:
     if not raw:
         return DEFAULT_MAX_SESSIONS
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{MAX_SESSIONS_ENV}={raw!r}: give a whole number of sessions, at least 1")
+        raise UserError(f"{MAX_SESSIONS_ENV}={raw!r}: give a whole number of sessions, at least 1")
     return int(raw)
 
 
@@ -358,3 +359,28 @@ class SessionLimit:
                 await send_json(send, 503, {"jsonrpc": "2.0", "id": None, "error": error}, [])
 
         await self.app(scope, receive, explain)
+
+
+def log_to_stderr(level: str = "WARNING") -> None:
+    """A server's logging, the same for every face: stderr only (on stdio, stdout is the MCP
+    channel), every record masked, the model libraries' chatter held to warnings."""
+    from fleet_rlm.redaction import RedactingFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(level)  # a client's logging/setLevel may lower fleet_rlm's level, not stderr's
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    for noisy in ("LiteLLM", "litellm", "httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def warn_if_unfenced(host: str, log: logging.Logger) -> None:
+    """A server other machines reach lets its clients name any file this user can read as context,
+    unless ``context_roots`` fences them: from the environment or settings.json alike."""
+    from fleet_rlm.config import load_settings
+
+    if not is_loopback(host) and load_settings().allowed_context_roots is None:
+        log.warning(
+            "remote clients can name any file this user can read as context: set context_roots "
+            "(`fleet-rlm config set context_roots DIR` or FLEET_CONTEXT_ROOTS) to the folders they may use"
+        )

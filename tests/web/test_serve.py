@@ -142,3 +142,33 @@ def test_bind_policy_and_usage_errors(fleet_env: dict[str, str]) -> None:
     )  # fmt: skip
     assert refused.returncode == 2
     assert "--allow-remote" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _remote_launch_warnings(env: dict[str, str]) -> str:
+    """What `fleet web --host 0.0.0.0 --allow-remote` prints up to its address, then stopped."""
+    proc = subprocess.Popen(
+        [str(BIN / "fleet"), "web", "--no-open", "--host", "0.0.0.0", "--allow-remote", "--port", "0"],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen = []
+    try:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            seen.append(line)
+            if "fleet web: open http" in line:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return "".join(seen)
+
+
+def test_remote_warning_knows_the_context_roots_saved_in_settings(fleet_env: dict[str, str], tmp_path: Path) -> None:
+    """context_roots fences remote clients wherever it was set: saved with `config set` it counts too."""
+    env = _env(fleet_env)
+    assert "remote clients can name any file" in _remote_launch_warnings(env)
+    fenced = tmp_path / "shared"
+    fenced.mkdir()
+    subprocess.run([str(BIN / "fleet-rlm"), "config", "set", "context_roots", str(fenced)], env=env, check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    assert "FLEET_CONTEXT_ROOTS" not in env
+    assert "remote clients can name any file" not in _remote_launch_warnings(env)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 from mcp.server import MCPServer
 
 from fleet_rlm import __version__
+from fleet_rlm.errors import FleetError, UserError
 from fleet_rlm.mcp import (
     client_logs,
     completion,
@@ -119,10 +120,10 @@ def serve(
         anyio.run(server.run_stdio_async)
         return
     if transport != "http":
-        raise ValueError(f"unknown transport '{transport}': use 'stdio' or 'http'")
+        raise UserError(f"unknown transport '{transport}': use 'stdio' or 'http'")
     import uvicorn
 
-    from fleet_rlm.http_auth import announce, check_bind, is_loopback, listen, resolve_token, url_of
+    from fleet_rlm.http_auth import announce, check_bind, listen, resolve_token, url_of, warn_if_unfenced
     from fleet_rlm.mcp.http import build_http_app
 
     required = resolve_token(no_auth=no_auth, given=token)
@@ -130,11 +131,7 @@ def serve(
     check_bind(host, secret, allow_remote)  # before binding: a refused server never listens
     sock = listen(host, port)
     app = build_http_app(server, host=host, port=sock.getsockname()[1], token=secret, allow_remote=allow_remote)
-    if not is_loopback(host) and not os.environ.get("FLEET_CONTEXT_ROOTS"):
-        log.warning(
-            "remote clients can name any file this user can read as context: "
-            "set FLEET_CONTEXT_ROOTS to the folders they may use"
-        )
+    warn_if_unfenced(host, log)
     announce("fleet-mcp", url_of(sock, "/mcp"), required)
     config = uvicorn.Config(app, log_level=_log_level().lower(), access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
@@ -143,18 +140,6 @@ def serve(
 def _log_level() -> Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]:
     level = os.environ.get("FLEET_MCP_LOG_LEVEL", "WARNING").upper()
     return level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING"  # type: ignore[return-value]
-
-
-def _configure_logging() -> None:
-    from fleet_rlm.redaction import RedactingFormatter
-
-    # stderr only: on stdio, stdout is the protocol channel. Secrets are masked in every record.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(_log_level())  # a client's logging/setLevel may lower fleet_rlm's level, not stderr's
-    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=_log_level(), handlers=[handler])
-    for noisy in ("LiteLLM", "litellm", "httpx", "httpx2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=f"fleet-mcp {__version__}")
     args = parser.parse_args(argv)
-    _configure_logging()
+    from fleet_rlm.http_auth import log_to_stderr
+
+    log_to_stderr(_log_level())
     # The token comes from FLEET_MCP_TOKEN or the keyring only: a command-line secret shows up in `ps`.
     try:
         serve(args.transport, host=args.host, port=args.port, allow_remote=args.allow_remote, no_auth=args.no_auth)
-    except (ValueError, OSError) as exc:  # BindError, a bad FLEET_MCP_MAX_SESSIONS, a port in use
+    except (FleetError, OSError) as exc:  # BindError, a bad FLEET_MCP_MAX_SESSIONS, a port in use
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 import webbrowser
 from typing import TextIO
 
-from fleet_rlm.http_auth import BindError, check_bind, is_loopback, listen, resolve_token, url_of
+from fleet_rlm.errors import FleetError
+from fleet_rlm.http_auth import check_bind, listen, log_to_stderr, resolve_token, url_of, warn_if_unfenced
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
@@ -48,8 +48,7 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bo
     sock = listen(host, port)
     bound_port = sock.getsockname()[1]
     app = create_app(token=token, host=host, port=bound_port, allow_remote=allow_remote)
-    if not is_loopback(host) and not os.environ.get("FLEET_CONTEXT_ROOTS"):
-        log.warning("remote clients can name any file this user can read as context: set FLEET_CONTEXT_ROOTS")
+    warn_if_unfenced(host, log)
     base = url_of(sock)
     url = sign_in_url(base, token)
     announce(url, f"{base}/mcp", out)
@@ -70,14 +69,10 @@ def _open_when_up(server: object, url: str) -> None:
 
 def cmd_web(args: argparse.Namespace) -> int:
     """The ``fleet web`` command (``fleet_rlm.cli.main`` parses its arguments)."""
-    from fleet_rlm.redaction import RedactingFormatter
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    log_to_stderr()
     try:
         serve(args.host, args.port, open_browser=not args.no_open, allow_remote=args.allow_remote)
-    except (BindError, OSError, ValueError) as exc:
+    except (FleetError, OSError) as exc:  # BindError, a busy port, a bad setting
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
