@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleet_rlm.core import operations
 from fleet_rlm.http_auth import listen, url_of
+
+if TYPE_CHECKING:
+    from fleet_rlm.core.engine import Engine
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
@@ -95,29 +98,28 @@ class LocalServer:
             raise RuntimeError("the desktop's server is not running")
         return asyncio.run_coroutine_threadsafe(job(), self._loop).result(timeout)
 
+    def _engine(self) -> Engine | None:
+        from fleet_rlm.web.app import current_engine
+
+        return current_engine(self._app) if self._app is not None else None
+
     def active_runs(self) -> list[str]:
         """Runs of this process still queued or running (other processes' runs are theirs to stop)."""
-        engine = self._app.state.fleet.current if self._app is not None else None
+        engine = self._engine()
         if engine is None:
             return []
 
         async def ours() -> list[str]:
-            rows = [r for status in ("queued", "running") for r in engine.list_runs(status=status, kind=None)]
-            return [r.id for r in rows if r.owner_pid == os.getpid()]
+            return operations.own_active_runs(engine)
 
         return self.call(ours)
 
     def cancel_runs(self) -> int:
         """Cancel this process's runs (each recorded as cancelled); how many were stopped."""
-        engine = self._app.state.fleet.current if self._app is not None else None
-        ids = self.active_runs()
-        if engine is None or not ids:
+        engine = self._engine()
+        if engine is None:
             return 0
-
-        async def cancel() -> int:
-            return sum([await engine.cancel(run_id) for run_id in ids])
-
-        return self.call(cancel)
+        return self.call(lambda: operations.cancel_own_runs(engine))
 
     def stop(self, timeout: float = 30.0) -> None:
         """Shut uvicorn down (the app closes its Engine, cancelling what still runs) and wait."""

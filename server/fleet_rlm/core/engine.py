@@ -151,7 +151,7 @@ class Engine:
 
     def validate(self, req: RunRequest) -> None:
         """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
-        self._models()  # raises ConfigError with the fix when no model is set
+        self.models()  # raises ConfigError with the fix when no model is set
         self.check_cost_cap(limits_for(req, self.settings).max_cost)
         try:  # never run somewhere other than asked
             backend = get_backend(self.settings.sandbox)
@@ -187,7 +187,7 @@ class Engine:
         """ConfigError, with the fix, when a run could not enforce this cost cap (a model without a known price)."""
         from fleet_rlm.core.lm import check_cost_cap
 
-        check_cost_cap(max_cost, *self._models())
+        check_cost_cap(max_cost, *self.models())
 
     async def start_run(self, req: RunRequest, *, replay: Replay | None = None, rerun: Rerun | None = None) -> str:
         """Validate, record the run as queued and start it; returns the run id at once.
@@ -202,7 +202,7 @@ class Engine:
 
         # Once per engine: a wrong model or a closed port, before a run exists; doubts become the run's warnings.
         async with self._preflight:  # a burst of first runs waits for one check, not one each
-            doubts = await preflight(*self._models()) if live else []
+            doubts = await preflight(*self.models()) if live else []
         if req.session_id and store.get_session(req.session_id) is None:
             await store.write(store.create_session, req.session_id)  # naming a new session starts it
         run_id = new_id("r")
@@ -436,7 +436,7 @@ class Engine:
             await self._finish(run_id, ctx, status, answer, stop_reason, error, started)
             await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
 
-    def _models(self) -> tuple[Any, Any]:
+    def models(self) -> tuple[Any, Any]:
         """Root and sub LM, built once: settings don't change for an engine's lifetime."""
         if self._lms is None:
             from fleet_rlm.core.lm import build_lm
@@ -447,7 +447,7 @@ class Engine:
     def _run_context(
         self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any, tape: Tape
     ) -> RunContext:
-        root_lm, sub_lm = self._replay_models() if tape.mode == "replay" else self._models()
+        root_lm, sub_lm = self._replay_models() if tape.mode == "replay" else self.models()
         return RunContext(
             run_id=run_id, settings=self.settings, limits=limits, emit=emit,
             root_lm=root_lm, sub_lm=sub_lm, program=program, scratch=scratch, volumes=volumes,
@@ -458,7 +458,7 @@ class Engine:
         """A replay's LMs: the configured ones, or, with no model configured at all, a stand-in that is
         never called (the record answers every call, or the replay ends where it cannot)."""
         try:
-            return self._models()
+            return self.models()
         except ConfigError:
             from fleet_rlm.core.lm import MeteredLM
 

@@ -7,6 +7,7 @@ returned view into its own wire; it decides nothing itself, so the faces cannot 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -25,6 +26,17 @@ Report = Callable[[int, str], Awaitable[None]]
 
 BATCH_INTERVAL = 0.25  # seconds between progress lines inside one batch of sub-queries
 CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and record itself
+
+
+def own_active_runs(engine: Engine) -> list[str]:
+    """Runs this process is running or has queued (another process's runs are its own to stop)."""
+    rows = [r for status in ACTIVE_STATUSES for r in engine.list_runs(status=status, kind=None)]
+    return [r.id for r in rows if r.owner_pid == os.getpid()]
+
+
+async def cancel_own_runs(engine: Engine) -> int:
+    """Stop every run of this process (each recorded as cancelled), e.g. when its window closes."""
+    return sum([await engine.cancel(run_id) for run_id in own_active_runs(engine)])
 
 
 async def cancel_run(engine: Engine, ref: str) -> CancelResult:

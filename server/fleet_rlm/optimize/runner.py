@@ -141,7 +141,7 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
 
     engine.validate(_probe(req.limits))  # the model, sandbox and per-replay limits, as a run would check them
     engine.check_cost_cap(req.max_cost)  # the cap over all replays adds up the same prices
-    await preflight(*engine_models(engine))
+    await preflight(*engine.models())
     guess = estimate(engine, req, dataset["train"], dataset["holdout"])
     opt_id = new_id("o")
     lineage = lineage or opt_id
@@ -172,11 +172,6 @@ def _probe(limits: dict[str, Any]) -> Any:
     from fleet_rlm.types import RunRequest
 
     return RunRequest("optimization preflight", **limits)
-
-
-def engine_models(engine: Engine) -> tuple[Any, Any]:
-    """The engine's root and sub model (built once per engine)."""
-    return engine._models()
 
 
 async def _run(
@@ -295,7 +290,7 @@ def _optimize(
     program = RLMProgram()
     program.load_state(versions.state_of(store, base))
     student = RLMHarness(replayer, program)
-    root_lm = engine_models(engine)[0]
+    root_lm = engine.models()[0]
     with dspy.context(lm=root_lm):
         before = _score(engine, replayer, metric, student, train, holdout, "before")
         compiled = _compile(req, replayer, metric, student, train, root_lm, work_dir)

@@ -102,3 +102,9 @@ def create_app(
     )
     app.state.fleet = state
     return app
+
+
+def current_engine(app: Starlette) -> Engine | None:
+    """The engine an app made by ``create_app`` serves, once it has opened it (the desktop asks)."""
+    state: AppState = app.state.fleet
+    return state.current
