@@ -14,6 +14,7 @@ Events travel in a versioned envelope (``EVENT_VERSION``)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -37,6 +38,12 @@ INTERRUPTED: Final = "interrupted"
 STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING, SUCCEEDED, PARTIAL, FAILED, CANCELLED, INTERRUPTED)
 ACTIVE_STATUSES: Final[tuple[RunStatus, ...]] = (QUEUED, RUNNING)
 FINAL_STATUSES: Final[tuple[RunStatus, ...]] = (SUCCEEDED, PARTIAL, FAILED, CANCELLED, INTERRUPTED)
+
+
+def tokens_of(counts: Mapping[str, Any]) -> int:
+    """Prompt plus completion tokens of one usage record (a call's, a model's or a run's total)."""
+    return int(counts.get("prompt_tokens") or 0) + int(counts.get("completion_tokens") or 0)
+
 
 # -- events -----------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.cli.common import limit_overrides, plural, print_json, settings_for, status_exit
+from fleet_rlm.types import tokens_of
 
 
 async def follow_run(engine: Any, req: Any, mode: str) -> Any:
@@ -71,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             f"[{result.status} · run {result.run_id} · {plural(result.iterations, 'step')}"
             f" · {plural(result.llm_calls, 'model call')}"
-            f" · {int((tokens.get('prompt_tokens') or 0) + (tokens.get('completion_tokens') or 0)):,} tokens"
+            f" · {tokens_of(tokens):,} tokens"
             f"{cache_note(tokens)} · {result.seconds:.1f}s]"
             + (f"\n{result.stop_reason}" if result.stop_reason else ""),
             file=sys.stderr,

@@ -10,6 +10,7 @@ from rich.tree import Tree
 
 from fleet_rlm.cli.common import plural
 from fleet_rlm.core.views import cache_note, lineage_line, lineage_of
+from fleet_rlm.types import tokens_of
 
 
 def _short(text: str | None, full: bool, limit: int = 400) -> str:
@@ -21,7 +22,7 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
     node = trace["nodes"][name]
     for step in node["steps"]:
         lm = step.get("lm") or {}
-        tokens = (lm.get("prompt_tokens") or 0) + (lm.get("completion_tokens") or 0)
+        tokens = tokens_of(lm)
         head = f"[bold]step {step['step']}[/bold]"
         if lm.get("replayed"):
             head += " [dim](answered from the record)[/dim]"
@@ -69,7 +70,7 @@ def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Cons
     title = (
         f"[bold]run {row.id}[/bold] · {row.status} · {plural(row.iterations, 'step')}"
         f" · {plural(row.llm_calls, 'model call')}"
-        f" · {int((usage.get('prompt_tokens') or 0) + (usage.get('completion_tokens') or 0)):,} tokens"
+        f" · {tokens_of(usage):,} tokens"
         f"{escape(cache_note(usage))}"
     )
     tree = Tree(title)

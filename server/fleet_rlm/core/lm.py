@@ -51,6 +51,7 @@ from fleet_rlm.core import tape
 from fleet_rlm.core.program import STEP_HEADER
 from fleet_rlm.errors import FleetError, Unavailable
 from fleet_rlm.redaction import redact_text
+from fleet_rlm.types import tokens_of
 
 T = TypeVar("T")
 PREFLIGHT_SECONDS = 3.0  # a model server that answers nothing in this time is slow, not absent
@@ -101,7 +102,7 @@ class Usage:
 
     @property
     def tokens(self) -> int:
-        return int(sum(s["prompt_tokens"] + s["completion_tokens"] for s in self.by_model.values()))
+        return sum(tokens_of(s) for s in self.by_model.values())
 
     def to_dict(self) -> dict[str, Any]:
         totals = {key: sum(s[key] for s in self.by_model.values()) for key in TOTALS}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fleet_rlm.types import Event
+from fleet_rlm.types import Event, tokens_of
 
 WAITING_MODEL = "waiting for the model"
 
@@ -53,13 +53,13 @@ class ProgressTracker:
             if node == "root":
                 s.root_steps = max(s.root_steps, s.step)
             s.llm_calls += 1
-            s.tokens += _tokens(data)
+            s.tokens += tokens_of(data)
             s.subqueries_done = s.subqueries_total = 0
             line = f"{where}step {s.step} · running code"
             s.waiting = "running code" if data.get("predictor", "act") == "act" else "finishing"
         elif kind == "subcall.finished":
             s.llm_calls += 1
-            s.tokens += _tokens(data)
+            s.tokens += tokens_of(data)
             done, total = _batch_progress(self._batches, node, data)
             s.subqueries_done, s.subqueries_total = done, total
             line = f"{where}step {s.step} · {done}/{total} sub-queries"
@@ -91,8 +91,6 @@ class ProgressTracker:
         return line
 
 
-def _tokens(data: dict[str, Any]) -> int:
-    return int(data.get("prompt_tokens") or 0) + int(data.get("completion_tokens") or 0)
 
 
 def _batch_progress(batches: dict[tuple[str, Any], int], node: str, data: dict[str, Any]) -> tuple[int, int]:

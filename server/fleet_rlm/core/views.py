@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.core.trace import build_trace, summarize_step
 from fleet_rlm.errors import NotFound
-from fleet_rlm.types import Event, RunResult, RunStatus
+from fleet_rlm.types import Event, RunResult, RunStatus, tokens_of
 
 if TYPE_CHECKING:
     from fleet_rlm.store import RunRecord
@@ -189,8 +189,7 @@ def seconds_of(rec: RunRecord) -> float:
 
 def total_tokens(usage: dict[str, Any]) -> int:
     """Prompt plus completion tokens of a run's usage (``{"total": {...}, "by_model": {...}}``)."""
-    total = usage.get("total") or {}
-    return int((total.get("prompt_tokens") or 0) + (total.get("completion_tokens") or 0))
+    return tokens_of(usage.get("total") or {})
 
 
 def cache_note(counts: dict[str, Any]) -> str:
