@@ -29,6 +29,7 @@ from fleet_rlm.sandbox.base import (
     cap_middle,
     register_backend,
 )
+from fleet_rlm.volumes import LocalVolumes, register_volumes
 
 REPL = "<repl>"
 
@@ -236,3 +237,4 @@ def _plain(value: Any) -> Any:
 
 def register() -> None:
     register_backend(Backend("fake", lambda _settings, spec: FakeSandbox(spec), lambda _s: {"ok": True}, "tests"))
+    register_volumes("fake", LocalVolumes.from_settings)  # it runs on this host: volumes are host folders

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from fleet_rlm.volumes import LocalVolumes
+from tests.sandbox.conftest import daytona_double  # noqa: F401  (the Daytona API double, for the contract suite)
 
 
 @pytest.fixture

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fleet_rlm.cli.common import plural, print_json
 from fleet_rlm.errors import NotFound, UserError
+
+if TYPE_CHECKING:
+    from fleet_rlm.volumes import Volumes
 
 LIST_HINT = "`fleet-rlm volumes ls` lists the volumes"
 
@@ -47,7 +50,7 @@ def cmd_volumes(args: argparse.Namespace) -> int:
         raise NotFound(f"{exc.message}: {LIST_HINT}") from None
 
 
-def _act(volumes: Any, args: argparse.Namespace) -> int:
+def _act(volumes: Volumes, args: argparse.Namespace) -> int:
     if args.action == "ls":
         return _ls(volumes, args)
     if args.action == "cat":
@@ -73,7 +76,7 @@ def _act(volumes: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ls(volumes: Any, args: argparse.Namespace) -> int:
+def _ls(volumes: Volumes, args: argparse.Namespace) -> int:
     from fleet_rlm.volumes.quota import human
 
     if not args.target:

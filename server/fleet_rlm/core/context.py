@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fleet_rlm.core.ignore import GitIgnore
 from fleet_rlm.errors import UserError
-from fleet_rlm.volumes import LocalVolumes, VolumeError, parse_volume_ref
+from fleet_rlm.volumes import VolumeError, Volumes, parse_volume_ref
 from fleet_rlm.volumes.safepath import READ_FLAGS, special_name
 
 SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache", ".tox"}
@@ -186,7 +186,7 @@ def _walk_host(top: Path, spec: str, roots: list[Path] | None, include_hidden: b
 # -- volume files -------------------------------------------------------------------------------
 
 
-def _volume_files(spec: str, name: str, inner: str, volumes: LocalVolumes, include_hidden: bool, found: _Found) -> None:
+def _volume_files(spec: str, name: str, inner: str, volumes: Volumes, include_hidden: bool, found: _Found) -> None:
     """Candidates from a volume, through its fd-relative API: links and special files are skipped."""
     try:
         top = volumes.stat(name, inner)
@@ -210,7 +210,7 @@ def _volume_files(spec: str, name: str, inner: str, volumes: LocalVolumes, inclu
             found.files.append(_File(display, _volume_opener(volumes, name, row["path"])))
 
 
-def _volume_opener(volumes: LocalVolumes, name: str, path: str) -> Callable[[], tuple[int, os.stat_result]]:
+def _volume_opener(volumes: Volumes, name: str, path: str) -> Callable[[], tuple[int, os.stat_result]]:
     def open_() -> tuple[int, os.stat_result]:
         try:
             return volumes.open_file(name, path)
@@ -223,7 +223,7 @@ def _volume_opener(volumes: LocalVolumes, name: str, path: str) -> Callable[[], 
 # -- staging ------------------------------------------------------------------------------------
 
 
-def _expand(spec: str, volumes: LocalVolumes | None, roots: list[Path] | None, include_hidden: bool) -> _Found:
+def _expand(spec: str, volumes: Volumes | None, roots: list[Path] | None, include_hidden: bool) -> _Found:
     """The candidates (and what was skipped or left out) for one --context argument."""
     found = _Found()
     ref = parse_volume_ref(spec)
@@ -298,7 +298,7 @@ def stage_context(
     *,
     paths: list[str] | None = None,
     texts: list[str] | None = None,
-    volumes: LocalVolumes | None = None,
+    volumes: Volumes | None = None,
     roots: list[Path] | None = None,
     include_hidden: bool = False,
     max_file_bytes: int = MAX_FILE_BYTES,

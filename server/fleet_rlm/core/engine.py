@@ -33,7 +33,8 @@ from fleet_rlm.errors import Conflict, FleetError, UserError
 from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
 from fleet_rlm.types import Event, RunRequest, RunResult
-from fleet_rlm.volumes import LocalVolumes, parse_volume_ref, volumes_for
+from fleet_rlm.volumes import Volumes, parse_volume_ref, volumes_for
+from fleet_rlm.volumes.quota import volume_quota
 
 log = logging.getLogger(__name__)
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -86,7 +87,7 @@ class Engine:
         self.settings = settings or load_settings()
         self.store: Store | None = None
         self.bus: EventBus | None = None
-        self.volumes = volumes_for(self.settings)  # folders, or Daytona volumes with FLEET_SANDBOX=daytona
+        self._volumes: Volumes | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._sessions: dict[str, Session] = {}
         self._programs: dict[str | None, Any] = {}  # program version id (None: built-in) -> RLMProgram
@@ -99,7 +100,7 @@ class Engine:
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
         self.store = Store(self.settings.store_path)
-        self._workspace = Workspace(self.store, self.volumes)
+        self._workspace = Workspace(self.store, lambda: self.volumes)
         self.bus = EventBus(self.store)
         self._telemetry = start_telemetry(self.settings, self.store)  # None unless OpenTelemetry export is on
         interrupted = self.store.mark_interrupted()
@@ -321,7 +322,16 @@ class Engine:
             raise ConfigError(f"FLEET_HOME changed to {settings.home}: restart to use the new folder")
         self.settings = settings
         self._lms = None  # the model settings may have changed
-        self.volumes.quota = LocalVolumes.from_settings(settings).quota
+        if self._volumes is not None:
+            self._volumes.quota = volume_quota(settings)
+
+    @property
+    def volumes(self) -> Volumes:
+        """The volume store ``settings.sandbox`` names (folders, or Daytona volumes), made on first use:
+        a sandbox setting no store serves fails what needs volumes, not the engine."""
+        if self._volumes is None:
+            self._volumes = volumes_for(self.settings)
+        return self._volumes
 
     @property
     def workspace(self) -> Workspace:

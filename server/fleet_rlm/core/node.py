@@ -20,6 +20,7 @@ from fleet_rlm.core.program import extract_code
 from fleet_rlm.core.replies import noting_reply_forms
 from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import Sandbox, cap_middle
+from fleet_rlm.volumes import Volumes
 
 
 class RunHost(Protocol):
@@ -33,7 +34,7 @@ class RunHost(Protocol):
     sub_lm: Any
     adapter: Any
     subcall_gate: asyncio.Semaphore
-    volume_store: Any  # volumes for quota trimming, or None
+    volume_store: Volumes | None  # volumes for quota trimming
     tape: tape.Tape | None  # the run's record (core.tape)
 
     def emit(self, kind: str, data: dict[str, Any], *, node: str, parent: str | None, depth: int) -> Any: ...

@@ -20,7 +20,7 @@ from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
 from fleet_rlm.core.tape import Tape
 from fleet_rlm.sandbox.base import Sandbox, SandboxSpec, create_sandbox
 from fleet_rlm.types import RunRequest
-from fleet_rlm.volumes import LocalVolumes
+from fleet_rlm.volumes import Volumes
 
 Emit = Callable[..., dict[str, Any]]
 
@@ -40,7 +40,7 @@ class RunContext:
         program: RLMProgram,
         scratch: Path,
         volumes: dict[str, Path],
-        volume_store: LocalVolumes | None = None,
+        volume_store: Volumes | None = None,
         tape: Tape | None = None,
     ) -> None:
         self.run_id = run_id
@@ -210,7 +210,7 @@ async def load_inputs(
     *,
     paths: list[str] | None = None,
     texts: list[str] | None = None,
-    volumes: Any = None,
+    volumes: Volumes | None = None,
     roots: list[Path] | None = None,
     keep_context: bool = False,
     include_hidden: bool = False,

@@ -7,8 +7,9 @@ and answers its read calls through it, so both paths say the same thing.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
@@ -16,7 +17,7 @@ from fleet_rlm.core.rerun import ReplayReport, replay_report
 from fleet_rlm.errors import Conflict, RunNotFound, UserError
 from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
-from fleet_rlm.volumes import LocalVolumes, volumes_for
+from fleet_rlm.volumes import Volumes, volumes_for
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
@@ -30,14 +31,20 @@ MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the cal
 class Workspace:
     """Use as ``with Workspace.open(settings) as ws:``, or take ``engine.workspace``."""
 
-    def __init__(self, store: Store, volumes: LocalVolumes) -> None:
+    def __init__(self, store: Store, volumes: Callable[[], Volumes]) -> None:
         self.store = store
-        self.volumes = volumes
+        self._volumes = volumes
 
     @classmethod
     def open(cls, settings: Settings) -> Workspace:
         settings.make_home()
-        return cls(Store(settings.store_path), volumes_for(settings))
+        return cls(Store(settings.store_path), functools.cache(functools.partial(volumes_for, settings)))
+
+    @property
+    def volumes(self) -> Volumes:
+        """The volume store, made on first use: a sandbox setting no store serves fails the volume
+        calls, not reading runs."""
+        return self._volumes()
 
     def close(self) -> None:
         self.store.close()

@@ -112,7 +112,7 @@ def volume_files(eng: Engine, volume: str) -> list[str]:
 
 def volume_refs(eng: Engine, typed: str) -> list[str]:
     """``vol:<name>/`` for every volume; once a volume is named, ``vol:<name>/<file>`` for its files."""
-    from fleet_rlm.volumes.local import parse_volume_ref, volume_uri
+    from fleet_rlm.volumes import parse_volume_ref, volume_uri
 
     named = parse_volume_ref(typed) if "/" in typed else None
     if named is None:

@@ -1,21 +1,17 @@
-"""Named volumes with durable memory/, artifacts/, buffers/, meta/: local folders or Daytona volumes."""
+"""Named volumes with durable memory/, artifacts/, buffers/, meta/: local folders or Daytona volumes.
+
+``base.Volumes`` is the contract and ``volumes_for(settings)`` the store the sandbox setting names;
+local volumes are registered on import, Daytona's on first use (no Daytona SDK import until then).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from fleet_rlm.volumes.base import Volumes, register_volumes, volumes_for
+from fleet_rlm.volumes.local import LocalVolumes
+from fleet_rlm.volumes.paths import DURABLE_ROOTS, parse_volume_ref, volume_uri
+from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
 
-from fleet_rlm.volumes.local import DURABLE_ROOTS, LocalVolumes, VolumeError, parse_volume_ref, volume_uri
-
-if TYPE_CHECKING:
-    from fleet_rlm.config import Settings
-
-__all__ = ["DURABLE_ROOTS", "LocalVolumes", "VolumeError", "parse_volume_ref", "volume_uri", "volumes_for"]
-
-
-def volumes_for(settings: Settings) -> Any:
-    """The volume store the sandbox setting implies: Daytona volumes for ``daytona``, else folders."""
-    if settings.sandbox == "daytona":
-        from fleet_rlm.volumes.daytona import DaytonaVolumes
-
-        return DaytonaVolumes(settings)
-    return LocalVolumes.from_settings(settings)
+__all__ = [
+    "DURABLE_ROOTS", "LocalVolumes", "VolumeError", "VolumeNotFound", "Volumes",
+    "parse_volume_ref", "register_volumes", "volume_uri", "volumes_for",
+]  # fmt: skip

@@ -1,6 +1,6 @@
 """Daytona volumes: each fleet volume NAME is the Daytona volume ``<prefix>NAME``, with the same
-durable roots (memory/, artifacts/, buffers/, meta/) and the same public methods as
-``LocalVolumes``, so the CLI, MCP and web faces browse them unchanged.
+durable roots (memory/, artifacts/, buffers/, meta/) behind the same ``base.Volumes`` contract as
+local volumes, so the CLI, MCP and web faces browse them unchanged.
 
 Daytona has no file API on volumes themselves, only inside sandboxes, so the host reads and writes
 through one small *browser* sandbox (labelled ``fleet-rlm.kind=volumes``) that mounts every fleet
@@ -9,7 +9,7 @@ a new volume appears. Paths are resolved there, inside Daytona: a link planted b
 can only lead to the browser sandbox's own files, never the host's. Listings come from ``find``
 (links reported as links, never followed); reads are streamed and bounded.
 
-The methods are synchronous like ``LocalVolumes``'s; they run on a private event loop (with its
+The methods are synchronous like local volumes'; they run on a private event loop (with its
 own Daytona client), so they may be called from any thread, including an event loop's.
 
 Limits: Daytona volumes have no fleet quota enforcement after each step (Daytona's own storage
@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet_rlm.sandbox import daytona_client as dc
-from fleet_rlm.volumes.local import _NAME, DURABLE_ROOTS, LocalVolumes
-from fleet_rlm.volumes.quota import Quota, Usage
+from fleet_rlm.volumes.base import register_volumes
+from fleet_rlm.volumes.paths import (
+    DURABLE_ROOTS,
+    check_volume_name,
+    delete_parts,
+    is_volume_name,
+    path_parts,
+    write_parts,
+)
+from fleet_rlm.volumes.quota import Usage, volume_quota
 from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
 
 if TYPE_CHECKING:
@@ -49,7 +57,7 @@ class DaytonaVolumes:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.quota = Quota(max_bytes=settings.volume_quota_mb * 1024 * 1024, max_files=settings.volume_max_files)
+        self.quota = volume_quota(settings)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="daytona-volumes", daemon=True)
         self._thread.start()
@@ -57,10 +65,7 @@ class DaytonaVolumes:
         self._daytona: Any = None
         self._guard: asyncio.Lock | None = None
 
-    check_name = staticmethod(LocalVolumes.check_name)
-    _parts = staticmethod(LocalVolumes._parts)
-    _write_parts = staticmethod(LocalVolumes._write_parts)
-    _delete_parts = staticmethod(LocalVolumes._delete_parts)
+    check_name = staticmethod(check_volume_name)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread:
@@ -95,7 +100,7 @@ class DaytonaVolumes:
         out = {}
         for vol in found:
             name = vol.name[len(prefix) :] if vol.name.startswith(prefix) else ""
-            if _NAME.fullmatch(name) and str(getattr(vol.state, "value", vol.state)) == "ready":
+            if is_volume_name(name) and str(getattr(vol.state, "value", vol.state)) == "ready":
                 out[name] = vol
         return out
 
@@ -227,12 +232,12 @@ class DaytonaVolumes:
     # -- files ----------------------------------------------------------------------------------
 
     def stat(self, name: str, path: str) -> dict[str, Any]:
-        parts = self._parts(name, path)
+        parts = path_parts(name, path)
         rows = self._run(self._find(name, parts, depth="-maxdepth 0"))
         return self._entry(rows[0], parts)
 
     def list_files(self, name: str, path: str = "", recursive: bool = False) -> list[dict[str, Any]]:
-        parts = self._parts(name, path)
+        parts = path_parts(name, path)
         if self.stat(name, path)["type"] != "dir":
             raise VolumeError(f"{path!r} in volume {name!r} is not a folder")
         depth = "-mindepth 1" if recursive else "-mindepth 1 -maxdepth 1"
@@ -252,7 +257,7 @@ class DaytonaVolumes:
         async def fetch() -> bytes:
             box = await self._sandbox(name)
             data = bytearray()
-            stream = await box.fs.download_file_stream(self._abs(name, self._parts(name, path)))
+            stream = await box.fs.download_file_stream(self._abs(name, path_parts(name, path)))
             async for chunk in stream:  # bounded: the file may have grown since the stat
                 data.extend(chunk)
                 if len(data) >= want:
@@ -275,7 +280,7 @@ class DaytonaVolumes:
         return fd, os.fstat(fd)
 
     def write(self, name: str, path: str, data: bytes | str, *, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
-        parts = self._write_parts(name, path, roots)
+        parts = write_parts(name, path, roots)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         self.ensure(name)
 
@@ -287,7 +292,7 @@ class DaytonaVolumes:
         return self.stat(name, path)
 
     def delete(self, name: str, path: str) -> None:
-        parts = self._delete_parts(name, path)
+        parts = delete_parts(name, path)
         entry = self.stat(name, path)
 
         async def remove() -> None:
@@ -300,3 +305,6 @@ class DaytonaVolumes:
                 raise VolumeError(f"cannot delete {path!r} in volume {name!r}: {str(response.result)[:200].strip()}")
 
         self._run(remove())
+
+
+register_volumes("daytona", DaytonaVolumes)

@@ -1,11 +1,11 @@
 """Local volumes: named folders that outlive runs.
 
 A volume is ``root/<name>/`` with durable roots ``memory/``, ``artifacts/``, ``buffers/`` and
-``meta/``, mounted read-write into sandboxes. Paths inside a volume are relative POSIX paths;
-absolute paths, ``..`` and NUL are refused. Because sandboxed code can change a volume at any
-moment, every operation here goes through ``safepath``: fd-relative, one component at a time,
-symbolic links refused (never followed, even when they point inside), pipes, sockets and devices
-refused without blocking, writes through a temp file renamed into place. Quotas: ``quota``.
+``meta/``, mounted read-write into sandboxes (the contract: ``base.Volumes``; names and paths are
+checked by ``paths``). Because sandboxed code can change a volume at any moment, every operation
+here goes through ``safepath``: fd-relative, one component at a time, symbolic links refused (never
+followed, even when they point inside), pipes, sockets and devices refused without blocking, writes
+through a temp file renamed into place. Quotas: ``quota``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -21,6 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet_rlm.volumes.base import register_volumes
+from fleet_rlm.volumes.paths import (
+    DURABLE_ROOTS,
+    check_volume_name,
+    delete_parts,
+    is_volume_name,
+    path_parts,
+    write_parts,
+)
 from fleet_rlm.volumes.quota import Quota, Usage, human, measure, over_message, trim
 from fleet_rlm.volumes.safepath import (
     CREATE_FLAGS,
@@ -41,34 +49,10 @@ from fleet_rlm.volumes.safepath import (
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
 
-DURABLE_ROOTS = ("memory", "artifacts", "buffers", "meta")
 DEFAULT_QUOTA_MB = 1024
 DEFAULT_MAX_FILES = 100_000
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-MAX_NAME_BYTES = 255  # NAME_MAX of Linux and macOS file systems: a longer name fails with ENAMETOOLONG
-# Below PATH_MAX (4,096), leaving room for the folder the volume is mounted at: the sandbox, and Daytona's
-# file API, open a volume's files by absolute path.
-MAX_PATH_BYTES = 3072
-_REF = re.compile(r"(?:vol:(?://)?|volume://)([^/]+)(?:/(.*))?", re.DOTALL)
 
-__all__ = ["DURABLE_ROOTS", "LocalVolumes", "VolumeError", "parse_volume_ref", "volume_uri"]
-
-
-def parse_volume_ref(s: str) -> tuple[str, str] | None:
-    """``"vol:notes/memory/a.md"`` or ``"volume://notes/memory/a.md"`` -> ``("notes", "memory/a.md")``.
-
-    Returns None if ``s`` is not a volume reference with a valid volume name.
-    The path part is returned as written; ``LocalVolumes`` validates it on use.
-    """
-    m = _REF.fullmatch(s.strip())
-    if not m or not _NAME.fullmatch(m.group(1)):
-        return None
-    return m.group(1), m.group(2) or ""
-
-
-def volume_uri(name: str, path: str = "") -> str:
-    """The inverse of ``parse_volume_ref``: ``vol:name/path``."""
-    return f"vol:{name}/{path.lstrip('/')}" if path else f"vol:{name}"
+__all__ = ["LocalVolumes"]
 
 
 def _entry(found: Found) -> dict[str, Any]:
@@ -79,27 +63,6 @@ def _entry(found: Found) -> dict[str, Any]:
 
 def _where(name: str) -> str:
     return f"in volume {name!r}"
-
-
-def _shown(text: str, chars: int = 40) -> str:
-    return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
-def _check_length(parts: list[str]) -> None:
-    """Refuse what the file system would (ENAMETOOLONG) before anything is opened, naming both limits."""
-    for part in parts:
-        if len(os.fsencode(part)) > MAX_NAME_BYTES:
-            raise _too_long(f"the name {_shown(part)!r}", len(os.fsencode(part)))
-    size = len(os.fsencode("/".join(parts)))
-    if size > MAX_PATH_BYTES:
-        raise _too_long("the path", size)
-
-
-def _too_long(what: str, size: int) -> VolumeError:
-    return VolumeError(
-        f"{what} is {size:,} bytes, too long for a volume ({MAX_NAME_BYTES} bytes per name,"
-        f" {MAX_PATH_BYTES:,} bytes per path): use a shorter one"
-    )
 
 
 class LocalVolumes:
@@ -115,49 +78,7 @@ class LocalVolumes:
 
     # -- names, paths and fds -------------------------------------------------------------------
 
-    @staticmethod
-    def check_name(name: str) -> None:
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise VolumeError(
-                f"invalid volume name {name!r}: use 1-64 letters, digits, '_', '.' or '-',"
-                " starting with a letter or digit"
-            )
-
-    @staticmethod
-    def _parts(name: str, path: str) -> list[str]:
-        """Validate a volume-relative path and split it into segments."""
-        if not isinstance(path, str):
-            raise VolumeError(f"path must be a string, not {type(path).__name__}")
-        if "\x00" in path:
-            raise VolumeError(f"path {path!r} contains a NUL byte")
-        if path.startswith(("/", "\\")) or re.match(r"[A-Za-z]:[\\/]", path):
-            raise VolumeError(f"path {path!r} is absolute; use a path inside volume {name!r}")
-        parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise VolumeError(f"path {path!r} escapes volume {name!r}")
-        _check_length(parts)
-        return parts
-
-    @classmethod
-    def _write_parts(cls, name: str, path: str, roots: tuple[str, ...] | None) -> list[str]:
-        """``_parts`` of a file that may be written: not the root, and under one of ``roots`` if given."""
-        parts = cls._parts(name, path)
-        if not parts:
-            raise VolumeError(f"cannot write to the root of volume {name!r}; give a file path")
-        if roots is not None and (len(parts) < 2 or parts[0] not in roots):
-            allowed = ", ".join(f"{r}/" for r in roots) or "nothing"
-            raise VolumeError(f"cannot write {path!r} in volume {name!r}: writes are allowed only under {allowed}")
-        return parts
-
-    @classmethod
-    def _delete_parts(cls, name: str, path: str) -> list[str]:
-        """``_parts`` of an entry that may be deleted: neither the root nor a durable root."""
-        parts = cls._parts(name, path)
-        if not parts:
-            raise VolumeError(f"refusing to delete the root of volume {name!r}; use delete_volume")
-        if len(parts) == 1 and parts[0] in DURABLE_ROOTS:
-            raise VolumeError(f"refusing to delete durable folder {parts[0]!r} of volume {name!r}")
-        return parts
+    check_name = staticmethod(check_volume_name)
 
     def _root_fd(self, *, create: bool) -> int | None:
         """The volumes folder (host-created, opened with O_NOFOLLOW); None if it does not exist."""
@@ -222,7 +143,7 @@ class LocalVolumes:
         if root is None:
             return []
         with closing_fd(root), os.scandir(root) as entries:
-            return sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+            return sorted(e.name for e in entries if is_volume_name(e.name) and e.is_dir(follow_symlinks=False))
 
     def list_volumes(self) -> list[dict[str, Any]]:
         """Each volume's entry count and bytes, with its quota (``files`` counts every entry)."""
@@ -270,7 +191,7 @@ class LocalVolumes:
 
     def stat(self, name: str, path: str) -> dict[str, Any]:
         """The listing row of one entry (an lstat: a link is reported as ``link``, not followed)."""
-        parts = self._parts(name, path)
+        parts = path_parts(name, path)
         with self._folder(name, parts[:-1]) as parent:
             if not parts:
                 return _entry(Found.of((), os.fstat(parent)))
@@ -281,7 +202,7 @@ class LocalVolumes:
 
     def list_files(self, name: str, path: str = "", recursive: bool = False) -> list[dict[str, Any]]:
         """Entries under ``path`` (relative to the volume), sorted by path; links listed, not followed."""
-        parts = self._parts(name, path)
+        parts = path_parts(name, path)
         with self._folder(name, parts) as folder:
             found = scan(folder, tuple(parts), recursive=recursive)
         return sorted((_entry(e) for e in found), key=lambda e: e["path"])
@@ -291,7 +212,7 @@ class LocalVolumes:
 
         Links anywhere on the path are refused; pipes, sockets and devices are refused without blocking.
         """
-        parts = self._parts(name, path)
+        parts = path_parts(name, path)
         if not parts:
             raise VolumeError(f"the root of volume {name!r} is a folder, not a file")
         with self._folder(name, parts[:-1]) as parent:
@@ -324,7 +245,7 @@ class LocalVolumes:
         (e.g. ``("memory", "artifacts")`` for writes coming from a model). A write that would take
         the volume over its quota is refused.
         """
-        parts = self._write_parts(name, path, roots)
+        parts = write_parts(name, path, roots)
         rel = "/".join(parts)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         with closing_fd(self._volume_fd(name, create=True)) as vol:
@@ -382,7 +303,7 @@ class LocalVolumes:
 
         A link is removed itself; its target is never touched.
         """
-        parts = self._delete_parts(name, path)
+        parts = delete_parts(name, path)
         rel, final = "/".join(parts), parts[-1]
         with self._folder(name, parts[:-1]) as parent:
             try:
@@ -402,3 +323,6 @@ def _delete_error(exc: OSError, rel: str, name: str) -> VolumeError:
     if exc.errno in (errno.EISDIR, errno.ENOTDIR):
         return VolumeError(f"{rel!r} in volume {name!r} changed while it was being deleted; try again")
     return VolumeError(f"cannot delete {rel!r} in volume {name!r}: {exc.strerror}")
+
+
+register_volumes("local", LocalVolumes.from_settings)

@@ -19,8 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fleet_rlm.volumes.safepath import Found, VolumeError, closing_fd, kind, open_dir
+
+if TYPE_CHECKING:
+    from fleet_rlm.config import Settings
 
 # File timestamps come from the kernel's coarse clock, which can lag time.time() by a tick.
 CLOCK_SLACK = 0.05
@@ -33,6 +37,11 @@ class Quota:
     max_files: int
     bytes_setting: str = "FLEET_VOLUME_QUOTA_MB"  # what raises each limit, named in messages
     files_setting: str = "FLEET_VOLUME_MAX_FILES"
+
+
+def volume_quota(settings: Settings) -> Quota:
+    """The limits of each volume, as the settings set them."""
+    return Quota(max_bytes=settings.volume_quota_mb * 1024 * 1024, max_files=settings.volume_max_files)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Volumes: list, tree, read, download, upload, delete, create. File I/O runs off the event loop,
-and every path goes through ``LocalVolumes`` (no link followed, no escape from the volume)."""
+and every path goes through the engine's ``Volumes`` (no link followed, no escape from the volume)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 // read and copy the answer; ask follow-ups in the same session (the same REPL, its variables kept).
 
 import { api, followRun, upload } from "../api.js";
-import { badge, errorBox, field, fmtBytes, h, replace, toast } from "../dom.js";
+import { badge, errorBox, field, filePicker, fmtBytes, h, replace, toast } from "../dom.js";
 import { TraceModel, TraceTree, answerBlock } from "../trace.js";
 import { renderChat } from "./chat.js";
 
@@ -164,10 +164,10 @@ function renderRunMode(main) {
       onclick: () => { contextPaths.splice(contextPaths.indexOf(p), 1); renderPathChips(); } }, "×"))));
   const addPath = (p) => { if (!contextPaths.includes(p)) contextPaths.push(p); renderPathChips(); };
   const files = attachments();
-  const picker = h("input", { type: "file", multiple: true });
+  const { row: pickerRow, input: picker } = filePicker("Choose files");
   picker.addEventListener("change", () => { files.add([...picker.files]); picker.value = ""; });
   const drop = h("div", { class: "dropzone" },
-    h("p", {}, "Drop files here, or choose them:"), field("Files", picker).row, files.list);
+    h("p", {}, "Drop files here, or choose them:"), pickerRow, files.list);
   drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => {
