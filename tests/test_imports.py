@@ -198,6 +198,8 @@ def test_the_layers_contract_holds() -> None:
         ("fleet_rlm/web/planted.py", "from fleet_rlm.cli import common", "never import each other"),
         ("fleet_rlm/core/planted.py", "import fleet_rlm.agent.tools", "Core imports no face and no service"),
         ("fleet_rlm/store/planted.py", "from fleet_rlm.core.engine import Engine", "no runtime module of core"),
+        ("fleet_rlm/web/planted.py", "from fleet_rlm.store import Store", "only through core and the seams"),
+        ("fleet_rlm/mcp/planted.py", "import fleet_rlm.sandbox.local", "only through core and the seams"),
     ],
 )
 def test_lint_imports_names_a_planted_violation(tmp_path: Path, module: str, imports: str, contract: str) -> None:
