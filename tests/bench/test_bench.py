@@ -35,6 +35,12 @@ def test_bound_checker_fails_a_regressed_ratio() -> None:
     assert not _verdict({"step.10MB.stock_over_fleet": 1.2}, "step.10MB.stock_over_fleet")
     assert _verdict({"fanout.256.fleet_over_limit": 1.2}, "fanout.256.fleet_over_limit", "full")
     assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit", "full")
+    # The guard: a two-core CPU hog measured 1.76 (it passes); twice the quiet 1.2 fails.
+    assert _verdict({"fanout.256.fleet_over_limit": 1.76}, "fanout.256.fleet_over_limit")
+    assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit")
+    # Half the concurrency is half the sub-calls in flight, whatever the load.
+    ratio = "fanout.256.fleet_in_flight_over_concurrency"
+    assert _verdict({ratio: 1.0}, ratio) and not _verdict({ratio: 0.5}, ratio)
 
 
 def test_cli_bounds_fail_a_planted_2x_regression() -> None:

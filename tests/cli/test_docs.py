@@ -118,6 +118,8 @@ GOOD: dict[tuple[Key, str], list[str]] = {
     (("fleet-rlm", "runs"), "--json"): ["runs", "--json"],
     (("fleet-rlm", "trace"), "--json"): ["trace", "{run}", "--json"],
     (("fleet-rlm", "trace"), "--full"): ["trace", "{run}", "--full"],
+    (("fleet-rlm", "pin"), ""): ["pin", "{run}"],
+    (("fleet-rlm", "pin"), "--off"): ["pin", "{run}", "--off"],
     (("fleet-rlm", "export"), ""): ["export", "{run}"],
     (("fleet-rlm", "export"), "--html"): ["export", "{run}", "--html", "{dir}/trace.html"],
     (("fleet-rlm", "export"), "--force"): ["export", "{run}", "--html", "{dir}/again.html", "--force"],

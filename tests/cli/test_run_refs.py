@@ -66,3 +66,15 @@ def test_runs_listing_says_how_to_refer_to_a_run(seeded: dict[str, str]) -> None
     assert proc.returncode == 0, proc.stderr
     assert NEWEST in proc.stdout and OLDEST in proc.stdout
     assert proc.stderr.count("last / last~N") == 1
+
+
+@pytest.mark.slow
+def test_pin_keeps_a_run_from_retention_and_runs_shows_it(seeded: dict[str, str]) -> None:
+    pinned = cli("pin", OLDEST[-5:], env=seeded)
+    assert pinned.returncode == 0 and f"run {OLDEST} pinned" in pinned.stdout, pinned.stderr
+    listing = cli("runs", env=seeded).stdout
+    assert next(line for line in listing.splitlines() if line.startswith(OLDEST)).endswith("(pinned)")
+    rows = {r["run_id"]: r["pinned"] for r in json.loads(cli("runs", "--json", env=seeded).stdout)}
+    assert rows[OLDEST] is True and rows[NEWEST] is False
+    assert "unpinned" in cli("pin", OLDEST, "--off", env=seeded).stdout
+    assert json.loads(cli("runs", "--json", env=seeded).stdout)[-1]["pinned"] is False

@@ -16,6 +16,7 @@ from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.trace import build_trace
 from fleet_rlm.errors import Unavailable
 from fleet_rlm.types import RunRequest
+from fleet_rlm.volumes import VolumeError
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
@@ -230,6 +231,14 @@ async def test_volume_is_mounted_and_durable(fleet_env: dict, oracle: OracleLM) 
         stored = engine.volumes.read_text("notes", "memory/finding.md")
     assert result.answer == "the answer is 42" and stored == "the answer is 42"
     assert "['notes']" in json.dumps(oracle.requests("root")[1].messages[-1])  # only the asked-for volume
+
+
+async def test_a_new_volume_quota_applies_without_a_restart(fleet_env: dict) -> None:
+    async with Engine(load_settings()) as engine:
+        engine.volumes.write("notes", "memory/a", b"x" * 2 * 1024 * 1024)  # within the default quota
+        engine.apply_settings(load_settings(volume_quota_mb=1))
+        with pytest.raises(VolumeError, match="refused"):
+            engine.volumes.write("notes", "memory/b", b"x")
 
 
 async def test_rejected_key_fails_with_the_fix(fleet_env: dict, oracle: OracleLM) -> None:

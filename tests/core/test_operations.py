@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,23 @@ async def test_cancel_names_the_process_that_owns_the_run(fleet_env: dict, oracl
             kill(proc)
     assert not result.cancelled and result.status in ("queued", "running")
     assert f"another process (pid {proc.pid} on " in result.message and "stop it there" in result.message
+
+
+def test_retention_passes_a_pinned_run_by_until_it_is_unpinned(fleet_env: dict) -> None:
+    from fleet_rlm.config import load_settings
+    from fleet_rlm.core import housekeeping
+    from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.store import RunRecord
+
+    settings = load_settings()
+    month_ago = time.time() - 40 * 86400
+    with Workspace.open(settings) as ws:
+        for run_id in ("rkeep0000001", "rlose0000002"):
+            ws.store.create_run(RunRecord(run_id, "old question", status="succeeded", created_at=month_ago))
+        summary = operations.pin_run(ws, "keep0000001")  # any run reference
+        assert (summary.run_id, summary.pinned) == ("rkeep0000001", True)
+        assert housekeeping.delete_runs_older_than(ws.store, settings, 30) == 1
+        assert [r.id for r in ws.runs()] == ["rkeep0000001"] and ws.run("rkeep0000001").pinned
+        assert operations.pin_run(ws, "rkeep0000001", pinned=False).pinned is False
+        assert housekeeping.delete_runs_older_than(ws.store, settings, 30) == 1
+        assert ws.runs() == []

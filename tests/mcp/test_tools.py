@@ -119,3 +119,17 @@ async def test_get_run_reports_the_prompt_cache(client: Client, oracle: OracleLM
     assert state is not None
     assert state["usage"]["total"]["cached_tokens"] == 60 == done["usage"]["total"]["cached_tokens"]
     assert state["usage"]["by_model"]["openai/oracle"]["cached_tokens"] == 60
+
+
+async def test_pin_run_marks_the_run_and_get_run_shows_it(client: Client, oracle: OracleLM) -> None:
+    oracle.add(Scenario("pin me", ["SUBMIT('kept')"]))
+    done = (await client.call_tool("run", {"question": "pin me", "context_text": "x"})).structured_content
+    assert done is not None
+    pinned = (await client.call_tool("pin_run", {"run_id": "last"})).structured_content
+    assert pinned is not None and (pinned["run_id"], pinned["pinned"]) == (done["run_id"], True)
+    state = (await client.call_tool("get_run", {"run_id": done["run_id"]})).structured_content
+    assert state is not None and state["pinned"] is True
+    unpinned = (await client.call_tool("pin_run", {"run_id": done["run_id"], "pinned": False})).structured_content
+    assert unpinned is not None and unpinned["pinned"] is False
+    missing = await client.call_tool("pin_run", {"run_id": "rnosuchrun0"})
+    assert missing.is_error and "no run" in missing.content[0].text  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet_rlm.config import ConfigError, Settings
+from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.volumes import LocalVolumes, Volumes, register_volumes, volumes_for
 from fleet_rlm.volumes import base as volumes_base
 
@@ -30,6 +31,16 @@ def test_an_unknown_sandbox_is_a_clear_error(tmp_path: Path, monkeypatch: pytest
     assert str(caught.value) == (
         "no volumes for sandbox 'cloud' in this version (known: daytona, local): set FLEET_SANDBOX=local (or unset it)"
     )
+
+
+def test_reading_runs_needs_no_volumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A sandbox setting no store serves fails what needs volumes (here, listing them), never by
+    # swapping in other volumes, and leaves reading runs working (so the setting can be fixed).
+    monkeypatch.setenv("FLEET_SANDBOX", "cloud")
+    with Workspace.open(Settings(home=tmp_path)) as ws:
+        assert ws.list_runs().runs == []
+        with pytest.raises(ConfigError, match="no volumes for sandbox 'cloud'"):
+            ws.volume_list()
 
 
 def test_a_registered_store_is_used_for_its_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

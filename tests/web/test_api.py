@@ -396,3 +396,15 @@ async def test_openapi_describes_exactly_the_routes(client: httpx.AsyncClient) -
                 for media in response.get("content", {}).values():
                     ref = media["schema"].get("$ref")
                     assert ref is None or ref.split("/")[-1] in doc["components"]["schemas"], ref
+
+
+async def test_pin_a_run_over_http(client: httpx.AsyncClient) -> None:
+    state = await _run(client)
+    run_id = state["run_id"]
+    assert state["pinned"] is False
+    pinned = await client.post(f"/api/runs/{run_id}/pin", json={"pinned": True})
+    assert pinned.status_code == 200 and pinned.json()["pinned"] is True, pinned.text
+    assert (await client.get(f"/api/runs/{run_id}")).json()["pinned"] is True
+    assert (await client.post(f"/api/runs/{run_id[-6:]}/pin", json={"pinned": False})).json()["pinned"] is False
+    assert (await client.post("/api/runs/rnosuchrun0/pin", json={"pinned": True})).status_code == 404
+    assert (await client.post(f"/api/runs/{run_id}/pin", json={"pinned": "yes please"})).status_code == 400

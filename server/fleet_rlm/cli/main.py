@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--status", choices=STATUSES, metavar="S", help=f"only runs that are {', '.join(STATUSES)}")
     runs.add_argument("--json", action="store_true", help="print a JSON list")
 
+    pin = sub.add_parser("pin", help="keep a run when retention deletes old runs (or --off to let it go)")
+    pin.add_argument("run_id")
+    pin.add_argument("--off", action="store_true", help="unpin: retention may delete it again")
+
     trace = sub.add_parser("trace", help="show a run's trace as a tree")
     trace.add_argument("run_id")
     trace.add_argument("--json", action="store_true", help="the tree as JSON")
@@ -251,7 +255,7 @@ def _fraction(text: str) -> float:
 
 
 def _handler(name: str) -> Handler:
-    if name in {"run", "runs", "trace", "export"}:
+    if name in {"run", "runs", "pin", "trace", "export"}:
         from fleet_rlm.cli import runs as mod
     elif name in {"replay", "fork"}:
         from fleet_rlm.cli import rerun as mod  # type: ignore[no-redef]

@@ -107,6 +107,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                     "iterations": r.iterations,
                     "llm_calls": r.llm_calls,
                     "session_id": r.session_id,
+                    "pinned": r.pinned,
                     **lineage_of(r),
                 }
                 for r in rows
@@ -120,9 +121,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         lineage = lineage_line(**lineage_of(r))
-        print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}" + (f"  ({lineage})" if lineage else ""))
+        notes = ", ".join(n for n in (lineage, "pinned" if r.pinned else None) if n)
+        print(f"{r.id}  {when}  {r.status:<11} {r.question[:70]}" + (f"  ({notes})" if notes else ""))
     if rows:  # on stderr: the table stays clean for pipes
         print("refer to a run by its id, a unique part of it (the end is enough), or last / last~N", file=sys.stderr)
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from fleet_rlm.core import operations
+
+    with _workspace() as ws:
+        run = operations.pin_run(ws, args.run_id, pinned=not args.off)
+    print(f"run {run.run_id} {'pinned: retention keeps it' if run.pinned else 'unpinned: retention may delete it'}")
     return 0
 
 

@@ -15,17 +15,25 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fleet_rlm.core.progress import ProgressTracker
-from fleet_rlm.core.views import CancelResult
+from fleet_rlm.core.views import CancelResult, RunSummary, run_summary
 from fleet_rlm.types import ACTIVE_STATUSES, RunResult
 
 if TYPE_CHECKING:  # the faces import this module at start-up; the engine (dspy) loads on first use
     from fleet_rlm.core.engine import Engine
+    from fleet_rlm.core.workspace import Workspace
 
 Report = Callable[[int, str], Awaitable[None]]
 """Receives a progress line and how many events led to it (a count that only grows)."""
 
 BATCH_INTERVAL = 0.25  # seconds between progress lines inside one batch of sub-queries
 CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and record itself
+
+
+def pin_run(workspace: Workspace, ref: str, pinned: bool = True) -> RunSummary:
+    """Pin a run (any run reference) so retention keeps it, or unpin it; the run as it now is."""
+    run_id = workspace.resolve_run(ref)
+    workspace.store.update_run(run_id, pinned=pinned)
+    return run_summary(workspace.run(run_id))
 
 
 def own_active_runs(engine: Engine) -> list[str]:

@@ -78,6 +78,7 @@ class RunState(BaseModel):
     kind: str = Field("run", description="run, or replay (a rerun answered from its parent's record).")
     parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
     fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
+    pinned: bool = Field(False, description="Kept by retention (pin_run).")
 
 
 class RunSummary(BaseModel):
@@ -91,6 +92,7 @@ class RunSummary(BaseModel):
     kind: str = "run"
     parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
     fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
+    pinned: bool = Field(False, description="Kept by retention (pin_run).")
 
 
 class CancelResult(BaseModel):
@@ -134,6 +136,7 @@ def run_state(rec: RunRecord, events: Sequence[Event]) -> RunState:
         llm_calls=rec.llm_calls or progress.llm_calls,
         usage=rec.usage or {},
         progress=progress,
+        pinned=rec.pinned,
         **lineage_of(rec),
     )
 
@@ -147,6 +150,7 @@ def run_summary(rec: RunRecord) -> RunSummary:
         created_at=rec.created_at,
         seconds=seconds_of(rec) if rec.started_at else None,
         session_id=rec.session_id,
+        pinned=rec.pinned,
         **lineage_of(rec),
     )
 

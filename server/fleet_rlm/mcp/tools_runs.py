@@ -17,6 +17,7 @@ from fleet_rlm.mcp.models import (
     RunList,
     RunOutput,
     RunState,
+    RunSummary,
     StartedRun,
     run_uri,
     trace_uri,
@@ -229,6 +230,28 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         eng = await engine()
         with user_errors():
             return await operations.cancel_run(eng, run_id)
+
+    @server.tool(
+        title="Pin a run",
+        description=(
+            "Keep a run when retention deletes old runs (pinned=false lets it go again). Returns the run's "
+            "summary with its pinned flag."
+        ),
+        annotations=ToolAnnotations(
+            title="Pin run",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+    async def pin_run(
+        run_id: RunId,
+        pinned: Annotated[bool, Field(description="True keeps the run from retention; false lets it go.")] = True,
+    ) -> RunSummary:
+        eng = await engine()
+        with user_errors():
+            return operations.pin_run(eng.workspace, run_id, pinned)
 
     @server.tool(
         title="List recent runs",

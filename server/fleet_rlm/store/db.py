@@ -335,9 +335,12 @@ CREATE TABLE record_bodies (
 ALTER TABLE runs ADD COLUMN fork_at TEXT
 """
 
+# A pinned run is kept: retention (``retention_days``, ``runs --delete-older-than``) passes it by.
+_V9 = "ALTER TABLE runs ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0"
+
 # Append-only. Index i upgrades schema version i -> i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    _sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5), _sql(_V6), _sql(_V7), _sql(_V8),
+    _sql(_V1), _sql(_V2), _sql(_V3), _sql(_V4), _sql(_V5), _sql(_V6), _sql(_V7), _sql(_V8), _sql(_V9),
 ]  # fmt: skip
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -76,6 +76,7 @@ class RunRecord:
     # | replay (a rerun answered from its parent run's record: core/tape.py)
     program_version: str | None = None  # the program version that answered (None: the built-in program)
     fork_at: str | None = None  # a fork: the step ("root:3") it branched from its parent run at
+    pinned: bool = False  # kept by retention (operations.pin_run)
 
 
 @dataclass
@@ -169,6 +170,7 @@ def _run_from_row(row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
     values = dict(zip(_RUN_COLUMNS, row, strict=True))
     for name in _JSON_FIELDS:
         values[name] = json.loads(values[name]) if values[name] else {}
+    values["pinned"] = bool(values["pinned"])
     return RunRecord(**values)
 
 
@@ -605,9 +607,9 @@ class Store(OptimizeTables, AgentTables, RecordTables):
         return self._writer.run(purge)
 
     def finished_runs_before(self, created_before: float) -> list[str]:
-        """Ids of runs created before the time that have ended (active runs are never listed)."""
+        """Ids of runs created before the time that have ended and are not pinned (active runs are never listed)."""
         marks = ", ".join("?" * len(ACTIVE_STATUSES))
-        sql = f"SELECT id FROM runs WHERE created_at < ? AND status NOT IN ({marks})"
+        sql = f"SELECT id FROM runs WHERE created_at < ? AND NOT pinned AND status NOT IN ({marks})"
         return [r[0] for r in self._read(sql, (created_before, *ACTIVE_STATUSES))]
 
     def unused_uploads_before(self, created_before: float) -> list[str]:

@@ -60,6 +60,10 @@ class RunStarted(BaseModel):
     status: RunStatus
 
 
+class PinIn(Strict):
+    pinned: bool = Field(True, description="True keeps the run when retention deletes old runs; false lets it go.")
+
+
 class ForkStart(Strict):
     """A fork of a finished run (docs/replay.md): its steps before ``at`` come from its record."""
 

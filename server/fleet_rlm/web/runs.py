@@ -93,6 +93,13 @@ async def cancel_run(call: Call) -> CancelResult:
     return await operations.cancel_run(call.engine, call.path["run_id"])
 
 
+@routes.add("POST", "/api/runs/{run_id}/pin", "Pin a run (retention keeps it) or unpin it", body=m.PinIn,
+            response=views.RunSummary, errors=(400, 404))  # fmt: skip
+async def pin_run(call: Call) -> views.RunSummary:
+    body: m.PinIn = call.body
+    return await asyncio.to_thread(operations.pin_run, call.engine.workspace, call.path["run_id"], body.pinned)
+
+
 @routes.add("GET", "/api/runs/{run_id}/trace", "One node of a run's trace, paged; or one step in full",
             query=m.TraceQuery, response=views.TraceView)  # fmt: skip
 async def trace(call: Call) -> views.TraceView:

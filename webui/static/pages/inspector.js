@@ -120,8 +120,26 @@ export function renderInspector(main, { id }) {
     }
   } }, "Delete");
 
+  // Pinned runs are kept when retention deletes old runs (docs/web.md).
+  const pin = h("button", { type: "button", class: "secondary small", "aria-pressed": "false",
+    title: "Keep this run when retention deletes old runs", onclick: async () => {
+      try {
+        const want = pin.getAttribute("aria-pressed") !== "true";
+        const s = await api(`/api/runs/${rid}/pin`, { method: "POST", json: { pinned: want } });
+        showPin(s.pinned);
+        toast(s.pinned ? `Run ${id} pinned: retention keeps it.` : `Run ${id} unpinned.`);
+      } catch (err) {
+        toast(err.message, "error");
+      }
+    } }, "Pin");
+  const showPin = (pinned) => {
+    pin.setAttribute("aria-pressed", String(pinned));
+    pin.textContent = pinned ? "Pinned" : "Pin";
+  };
+
   let poll = null;
   const showState = (s) => {
+    showPin(Boolean(s.pinned));
     const active = s.status === "running" || s.status === "queued";
     replace(statusSlot, badge(s.status));
     stop.hidden = !active;
@@ -156,7 +174,7 @@ export function renderInspector(main, { id }) {
       downloadLink(`/api/runs/${rid}/export`, `${id}.ndjson`, "Export", { class: "button secondary small" }),
       downloadLink(`/api/runs/${rid}/export.html`, `${id}.html`, "HTML",
         { class: "button secondary small", title: "The run as one page to share: opens offline, secrets masked" }),
-      del, h("a", { href: "#/runs" }, "All runs")),
+      pin, del, h("a", { href: "#/runs" }, "All runs")),
     lineage, meta, answer, view,
     h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Tokens and cost"), usage),
     feedback.section);
