@@ -10,13 +10,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from tests.agent.conftest import CODE, MEMORY, memory_file
 from tests.support.agent_lm import AgentLM, Call, Policy, Say
 from tests.support.workloads import write_haystack
 from tests.web.conftest import fleet_web
-from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
+from tests.web.test_browser import chromium, open_page
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +32,8 @@ def chat_web(env: dict[str, str], cwd: Path) -> Iterator[str]:
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    _require_chromium()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def open_chat(page: object, login_url: str) -> None:

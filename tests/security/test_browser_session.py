@@ -15,11 +15,11 @@ from typing import ClassVar
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.support.http_server import LoopbackServer, QuietHandler
 from tests.web.conftest import WebServer, fleet_web
-from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
+from tests.web.test_browser import chromium, open_page
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +50,8 @@ def web(fleet_env: dict[str, str], tmp_path: Path) -> Iterator[WebServer]:
 
 @pytest.fixture
 def browser(web: WebServer) -> Iterator[Browser]:
-    _require_chromium()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @dataclass(frozen=True)

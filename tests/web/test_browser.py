@@ -46,6 +46,32 @@ def _require_chromium() -> None:
     expect.set_options(timeout=20_000)
 
 
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's chromium, headless, through Playwright (never a downloaded browser)."""
+    _require_chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def oracle_env(root: Path, base_url: str) -> dict[str, str]:
+    """`fleet web`'s environment for a browser test: a fresh FLEET_HOME in ``root``, the scripted
+    model at ``base_url``, no keyring."""
+    return os.environ | {
+        "FLEET_HOME": str(root / "home"),
+        "FLEET_NO_KEYRING": "1",
+        "FLEET_LM_MODEL": "openai/oracle",
+        "FLEET_LM_API_BASE": base_url,
+        "FLEET_LM_API_KEY": "sk-test-oracle-0000",
+        "FLEET_LM_RETRIES": "0",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+
+
 @pytest.fixture(scope="module")
 def web_oracle() -> Iterator[OracleLM]:
     slow_steps = [f"import time\ntime.sleep(3)\nprint({n!r})" for n in ("one", "two", "three")]
@@ -91,10 +117,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, web_oracle: OracleLM) -> It
 
 @pytest.fixture(scope="module")
 def browser(server: WebServer) -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +170,14 @@ def open_page(browser: Browser, server: WebServer, shots: Path, width: int = 128
         yield UI(page, errors, server, shots)
     finally:
         context.close()
+
+
+@contextmanager
+def clean_page(browser: Browser, server: WebServer, shots: Path, **size: int) -> Iterator[UI]:
+    """``open_page``, failing the test afterwards if the page logged any error."""
+    with open_page(browser, server, shots, **size) as view:
+        yield view
+    assert view.errors == [], "the browser console showed errors:\n" + "\n".join(view.errors)
 
 
 @pytest.fixture

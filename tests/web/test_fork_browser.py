@@ -4,17 +4,16 @@ as the fork's step, the fork's page says where it came from, and a replay of it 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.web.conftest import WebServer, fleet_web
-from tests.web.test_browser import CHROMIUM, UI, _require_chromium, open_page
+from tests.web.test_browser import UI, _require_chromium, chromium, clean_page, oracle_env
 
 pytestmark = pytest.mark.slow
 
@@ -32,32 +31,20 @@ def fork_oracle() -> Iterator[OracleLM]:
 def server(tmp_path_factory: pytest.TempPathFactory, fork_oracle: OracleLM) -> Iterator[WebServer]:
     _require_chromium()
     root = tmp_path_factory.mktemp("fork-web")
-    env = os.environ | {
-        "FLEET_HOME": str(root / "home"),
-        "FLEET_NO_KEYRING": "1",
-        "FLEET_LM_MODEL": "openai/oracle",
-        "FLEET_LM_API_BASE": fork_oracle.base_url,
-        "FLEET_LM_API_KEY": "sk-test-oracle-0000",
-        "FLEET_LM_RETRIES": "0",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    }
-    with fleet_web(root, env) as srv:
+    with fleet_web(root, oracle_env(root, fork_oracle.base_url)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def browser(server: WebServer) -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
 def ui(browser: Browser, server: WebServer, tmp_path: Path) -> Iterator[UI]:
-    with open_page(browser, server, tmp_path) as view:
+    with clean_page(browser, server, tmp_path) as view:
         yield view
-    assert view.errors == [], "the browser console showed errors:\n" + "\n".join(view.errors)
 
 
 def test_fork_from_here_runs_the_edited_step_and_shows_the_lineage(ui: UI, fork_oracle: OracleLM) -> None:

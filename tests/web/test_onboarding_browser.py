@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.support.oracle_lm import OracleLM, Scenario
 from tests.web.conftest import WebServer, fleet_web
-from tests.web.test_browser import CHROMIUM, UI, _require_chromium, open_page
+from tests.web.test_browser import UI, _require_chromium, chromium, clean_page, open_page
 from tests.web.test_browser import shots as shots  # the screenshot folder fixture
 
 pytestmark = pytest.mark.slow
@@ -60,17 +60,14 @@ def bare_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebServer]
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
 def ui(browser: Browser, server: WebServer, shots: Path) -> Iterator[UI]:
-    with open_page(browser, server, shots) as view:
+    with clean_page(browser, server, shots) as view:
         yield view
-    assert view.errors == [], "the browser console showed errors:\n" + "\n".join(view.errors)
 
 
 @pytest.fixture
