@@ -207,3 +207,30 @@ def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path
         assert ratios["sse.all_delivered"] == 1.0
     if part == "load":  # a wave of runs at once through `fleet web` on the real sandbox
         assert ratios["load.all_finished"] == 1.0 and ratios["load.sandboxes_left"] == 0.0
+
+
+SIBLINGS = """
+import os, sys
+parent, me, spinning = os.getppid(), os.getpid(), 0
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        fields = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()
+    except OSError:
+        continue
+    spinning += int(pid) != me and int(fields[1]) == parent
+sys.exit(0 if spinning == int(sys.argv[1]) else 3)
+"""
+
+
+def _under_load(runs: int, hogs: int, expected_siblings: int) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "bench.under_load", "--runs", str(runs), "--hogs", str(hogs), "--",
+               sys.executable, "-c", SIBLINGS, str(expected_siblings)]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_under_load_runs_a_command_beside_busy_loops_and_reports_failures() -> None:
+    """The command meets exactly the busy loops asked for (siblings under the same parent), each run."""
+    ok = _under_load(runs=2, hogs=2, expected_siblings=2)
+    assert ok.returncode == 0 and "2 of 2 runs passed under 2 busy loops" in ok.stdout, ok.stderr
+    wrong = _under_load(runs=1, hogs=1, expected_siblings=2)
+    assert wrong.returncode == 1 and "0 of 1 runs passed" in wrong.stdout and "exit 3" in wrong.stderr
