@@ -496,6 +496,24 @@ class DaytonaSandbox:
 
     # -- host calls ---------------------------------------------------------------------------------
 
+    def start_host_call(
+        self, call_id: int, name: str, args: list[Any], kwargs: dict[str, Any], size: int, calls: set[int]
+    ) -> None:
+        """Answer one host call the REPL made (``Frames`` read it) in the background: refused at once
+        when its bytes would pass the host-call budget, otherwise added to ``calls`` until answered."""
+        refusal = self._host_bytes.take(size, name)
+        if refusal is not None:
+            self._spawn(self._reply(call_id, {"ok": False, "error": f"RuntimeError: {refusal}"}))
+            return
+        calls.add(call_id)
+        self._host_bytes.give_when_done(self._spawn(self._answer(call_id, name, args, kwargs, calls)), size)
+
+    async def settle_replies(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for replies still being uploaded."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)

@@ -5,7 +5,6 @@ violation stops the stream (``ProtocolViolation``) before the SDK can buffer mor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -109,16 +108,8 @@ class Frames:
         if len(self.calls) >= MAX_HOST_CALLS:
             self._violate(f"over {MAX_HOST_CALLS} host calls at once")
         self.seen_calls.add(call_id)
-        refusal = self.box._host_bytes.take(size, name)
-        if refusal is not None:
-            self.box._spawn(self.box._reply(call_id, {"ok": False, "error": f"RuntimeError: {refusal}"}))
-            return
-        self.calls.add(call_id)
-        answering = self.box._spawn(self.box._answer(call_id, name, args, kwargs, self.calls))
-        self.box._host_bytes.give_when_done(answering, size)
+        self.box.start_host_call(call_id, name, args, kwargs, size, self.calls)
 
     async def settle(self) -> None:
         """Wait for replies still being uploaded (their step has ended; they are moot but harmless)."""
-        pending = [t for t in self.box._tasks if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=5)
+        await self.box.settle_replies(timeout=5)
