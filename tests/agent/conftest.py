@@ -3,6 +3,7 @@ FLEET_HOME, the fast in-process sandbox, and the agent's standard policies."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -67,6 +68,12 @@ def agent_env(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
+
+
+def subprocess_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a `fleet --agent` subprocess: the fake sandbox is registered in this test process
+    only, so the subprocess keeps the default (these terminals start no run)."""
+    return {k: v for k, v in {**os.environ, **env}.items() if k != "FLEET_SANDBOX"}
 
 
 @pytest.fixture

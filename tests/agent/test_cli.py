@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent.conftest import MEMORY, memory_file
+from tests.agent.conftest import MEMORY, memory_file, subprocess_env
 
 pytestmark = pytest.mark.slow  # each test starts real processes
 
@@ -23,7 +22,7 @@ def agent_chat(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
         input=script,
         capture_output=True,
         text=True,
-        env={**os.environ, **env},
+        env=subprocess_env(env),
         timeout=180,
     )
 

@@ -35,6 +35,9 @@ def test_bound_checker_fails_a_regressed_ratio() -> None:
     assert not _verdict({"step.10MB.stock_over_fleet": 1.2}, "step.10MB.stock_over_fleet")
     assert _verdict({"fanout.256.fleet_over_limit": 1.2}, "fanout.256.fleet_over_limit", "full")
     assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit", "full")
+    # Inside the parallel suite a 1 KB step measured 0.47 (it passes); twice slower there (0.25) fails.
+    assert _verdict({"step.1KB.stock_over_fleet": 0.47}, "step.1KB.stock_over_fleet")
+    assert not _verdict({"step.1KB.stock_over_fleet": 0.25}, "step.1KB.stock_over_fleet")
     # The guard: a two-core CPU hog measured 1.76 (it passes); twice the quiet 1.2 fails.
     assert _verdict({"fanout.256.fleet_over_limit": 1.76}, "fanout.256.fleet_over_limit")
     assert not _verdict({"fanout.256.fleet_over_limit": 2.4}, "fanout.256.fleet_over_limit")
@@ -190,6 +193,7 @@ def test_the_parts_cover_every_quick_figure() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("quick-benchmark")  # one part at a time: the parts never measure each other
 @pytest.mark.parametrize("part", QUICK_PARTS)
 def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path, part: str) -> None:
     done = _bench(tmp_path, "--only", part)

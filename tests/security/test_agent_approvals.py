@@ -33,7 +33,8 @@ from fleet_rlm.errors import Conflict
 from fleet_rlm.mcp.server import build_server
 from fleet_rlm.web.app import create_app
 from mcp import Client
-from tests.agent.conftest import agent_env, agent_lm, engine, memory_file  # noqa: F401 - fixtures
+from tests.agent.conftest import agent_env, agent_lm, engine, memory_file, subprocess_env  # noqa: F401 - fixtures
+from tests.agent.test_cli import agent_chat
 from tests.cli.terminal import Terminal
 from tests.support.agent_lm import AgentLM, Call, Policy, Say
 from tests.support.asgi_server import serve_asgi
@@ -75,13 +76,6 @@ def approvals_on_disk(home: str) -> list[dict[str, Any]]:
     with sqlite3.connect(f"file:{Path(home) / 'fleet.db'}?mode=ro", uri=True) as db:
         db.row_factory = sqlite3.Row
         return [dict(r) for r in db.execute("SELECT * FROM agent_approvals ORDER BY created_at")]
-
-
-def agent_chat(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "fleet"), "--agent"], input=script, capture_output=True, text=True,
-        env={**os.environ, **env}, timeout=180,
-    )  # fmt: skip
 
 
 # -- 3. the card shows exactly what will run ----------------------------------------------------------
@@ -208,8 +202,12 @@ async def test_memory_card_names_the_file_the_tool_writes_and_says_overwrite(
 
 
 @pytest.mark.slow
-def test_terminal_prompt_does_not_approve_on_a_first_letter(agent_env: dict[str, str]) -> None:  # noqa: F811
-    term = Terminal("fleet", "--agent", env=agent_env)
+def test_terminal_prompt_does_not_approve_on_a_first_letter(
+    agent_env: dict[str, str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("FLEET_SANDBOX")  # the terminal inherits this process's environment too
+    term = Terminal("fleet", "--agent", env=subprocess_env(agent_env))
     try:
         term.type("remember my favourite bird")
         term.expect("approve (")
