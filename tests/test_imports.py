@@ -214,3 +214,54 @@ def test_lint_imports_names_a_planted_violation(tmp_path: Path, module: str, imp
     planted = module.removesuffix(".py").replace("/", ".")
     assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
     assert f"{planted} ->" in done.stdout and contract in done.stdout
+
+
+# -- the faces never reach the store by attribute (issue 19) ----------------------------------------
+# import-linter sees imports only: a face that reads ``engine.workspace.store`` imports nothing, yet
+# skips the operations every face shares. These attributes are the backends' handles.
+
+FACE_ROOTS = (ROOT / "server" / "fleet_rlm" / "cli", ROOT / "server" / "fleet_rlm" / "mcp",
+              ROOT / "server" / "fleet_rlm" / "web", ROOT / "shell" / "fleet_shell")  # fmt: skip
+BACKEND_HANDLES = frozenset({"store", "_models", "_spawn"})
+
+
+def _handle_read(node: ast.expr) -> str | None:
+    """The backend handle ``node`` reads: ``x.store``, or ``getattr(x, "store")`` with a literal name."""
+    if isinstance(node, ast.Attribute) and node.attr in BACKEND_HANDLES:
+        return node.attr
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
+        name = node.args[1] if len(node.args) > 1 else None
+        if isinstance(name, ast.Constant) and name.value in BACKEND_HANDLES:
+            return str(name.value)
+    return None
+
+
+def backend_reads(roots: tuple[Path, ...]) -> list[str]:
+    """``file:line: .name`` for every read of a backend handle in the modules under ``roots``."""
+    found: list[tuple[Path, int, str]] = []
+    for root in roots:
+        for path in root.rglob("*.py"):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            exprs = (n for n in ast.walk(tree) if isinstance(n, ast.expr))
+            found += [(path.relative_to(root.parent), e.lineno, h) for e in exprs if (h := _handle_read(e))]
+    return [f"{path}:{line}: .{handle}" for path, line, handle in sorted(found)]
+
+
+def test_the_faces_reach_no_backend_handle() -> None:
+    found = backend_reads(FACE_ROOTS)
+    why = "the faces call an operation (core.operations, Workspace, AgentHost, fleet_rlm.optimize), never the store"
+    assert not found, why + ":\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "named"),
+    [
+        ("def rows(engine):\n    return engine.workspace.store.runs.list()\n", "web/planted.py:2: .store"),
+        ("def lms(engine):\n    return getattr(engine, '_models')\n", "web/planted.py:2: ._models"),
+        ("async def box(engine, req):\n    await engine._spawn(req)\n", "web/planted.py:2: ._spawn"),
+    ],
+)
+def test_a_planted_backend_read_is_named(tmp_path: Path, snippet: str, named: str) -> None:
+    face = tmp_path / "web"
+    _write(face, {"clean.py": "def ok(engine):\n    return engine.workspace.run('last')\n", "planted.py": snippet})
+    assert backend_reads((face,)) == [named]

@@ -18,6 +18,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -381,8 +382,12 @@ class KeyringSource(PydanticBaseSettingsSource):
         return values
 
 
+# False while ``load_settings(secrets=False)`` builds settings: the keyring is not asked.
+_SECRETS_WANTED: ContextVar[bool] = ContextVar("fleet_secrets_wanted", default=True)
+
+
 def _keyring_wanted() -> bool:
-    return not os.environ.get("FLEET_NO_KEYRING")
+    return _SECRETS_WANTED.get() and not os.environ.get("FLEET_NO_KEYRING")
 
 
 def secret_setting(name: str) -> str | None:
@@ -585,11 +590,17 @@ def env_name(field: str) -> str:
     return f"FLEET_{field.upper()}"
 
 
-def load_settings(**overrides: Any) -> Settings:
+def load_settings(*, secrets: bool = True, **overrides: Any) -> Settings:
+    """Settings from every source. ``secrets=False`` leaves the OS keyring unasked (importing keyring
+    and a Secret Service round trip per secret cost a read command most of its start-up); secrets in
+    the environment still load."""
+    wanted = _SECRETS_WANTED.set(secrets)
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         raise ConfigError(_explain_validation(exc)) from None
+    finally:
+        _SECRETS_WANTED.reset(wanted)
 
 
 def _explain_validation(exc: ValueError) -> str:

@@ -52,7 +52,7 @@ class LocalServer:
 
             # No MCP endpoint: no MCP client can know a token that only the window ever sees, and
             # mounting it would delay the first API answer by the MCP SDK's import (about 1 s).
-            self._app = create_app(token=self.token, host=HOST, port=self.port, mcp=False)
+            self._app = create_app(token=self.token, host=HOST, port=self.port)  # no MCP face: the window only
             config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="on")
             self._server = uvicorn.Server(config)
             self._server.should_exit = self._stopping

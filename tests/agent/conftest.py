@@ -87,7 +87,7 @@ def upload(engine: Engine, tmp_path: Path, name: str = "haystack.txt") -> str:
     source = write_haystack(tmp_path / name, 20_000, CODE)
     writer = UploadWriter(engine.settings, name)
     writer.write(source.read_bytes())
-    return str(writer.commit(engine.workspace.store)["upload_id"])
+    return str(writer.commit(engine.workspace)["upload_id"])
 
 
 def memory_file(home: str) -> Path:

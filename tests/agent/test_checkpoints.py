@@ -101,7 +101,7 @@ async def test_every_checkpoint_of_a_turn_is_written_as_data(
     host = AgentHost.of(engine)
     conv = await host.create_conversation()
     paused = await host.chat(conv.id, "please remember my favourite bird")
-    rows = engine.workspace.store.workflow_checkpoints(workflow_name(paused.turn_id))
+    rows = engine.workspace.store.agent.workflow_checkpoints(workflow_name(paused.turn_id))
     assert rows and "__pickled__" not in json.dumps(rows)
     _, feed = await host.answer(paused.pending[0].id, True, actor="test")
     assert (await feed.outcome()).status == "done"  # resumed from the data

@@ -80,7 +80,7 @@ async def test_an_approved_call_runs_once_even_if_resumed_twice(engine: Engine, 
     conv = await host.create_conversation()
     paused = await host.chat(conv.id, "remember the bird")
     approval = paused.pending[0]
-    checkpoints = engine.workspace.store.workflow_checkpoints(workflow_name(paused.turn_id))
+    checkpoints = engine.workspace.store.agent.workflow_checkpoints(workflow_name(paused.turn_id))
     _, feed = await host.answer(approval.id, True, actor="test")
     assert (await feed.outcome()).status == "done"
     memory_file(agent_env["FLEET_HOME"]).unlink()
@@ -88,9 +88,9 @@ async def test_an_approved_call_runs_once_even_if_resumed_twice(engine: Engine, 
     store = engine.workspace.store
     for data in checkpoints:
         await store.write(
-            store.save_checkpoint, data["checkpoint"]["checkpoint_id"], workflow_name(paused.turn_id), data
+            store.agent.save_checkpoint, data["checkpoint"]["checkpoint_id"], workflow_name(paused.turn_id), data
         )
-    tc = TurnContext(engine, engine.workspace.store.get_conversation(conv.id), paused.turn_id, lambda _e: None)
+    tc = TurnContext(engine, engine.workspace.store.agent.get_conversation(conv.id), paused.turn_id, lambda _e: None)
     replay = await run_segment(tc, new_messages=None)
     assert "ran already" in replay.reply
     assert not memory_file(agent_env["FLEET_HOME"]).exists()

@@ -49,3 +49,34 @@ echo "AFTER=$({cli} config get lm_api_key)"
     assert [r.auth for r in oracle.requests()] == [f"Bearer {SECRET}"]
     files = [p for p in Path(fleet_env["FLEET_HOME"]).rglob("*") if p.is_file()]
     assert files and all(SECRET.encode() not in p.read_bytes() for p in files)
+
+
+def test_read_commands_leave_the_keyring_unasked_and_config_list_still_finds_the_key(
+    fleet_env: dict, oracle: OracleLM
+) -> None:
+    """`runs`, `trace` and `volumes ls` need no secret: they never import keyring (a Secret Service round
+    trip per secret was most of their start-up). `config list` and a run still find the saved key."""
+    prereqs.require_secret_service()
+    oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
+    cli, py = BIN / "fleet-rlm", sys.executable
+    script = f"""
+echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{cli} config set lm_api_key {SECRET} || exit 11
+{cli} run "who am i" --text x >/dev/null || exit 12
+for c in runs "trace last" "volumes ls" "config list"; do
+  echo "$c: $({py} -X importtime {cli} $c 2>&1 >/dev/null | grep -c ' keyring$')"
+done
+{cli} config list | grep '^lm_api_key'
+"""
+    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
+    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
+    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert {"runs: 0", "trace last: 0", "volumes ls: 0", "config list: 1"} <= set(lines), proc.stdout
+    assert any(line.startswith("lm_api_key") and "[keyring]" in line for line in lines), proc.stdout
+    assert [r.auth for r in oracle.requests()] == [f"Bearer {SECRET}"]

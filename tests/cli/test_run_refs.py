@@ -78,3 +78,19 @@ def test_pin_keeps_a_run_from_retention_and_runs_shows_it(seeded: dict[str, str]
     assert rows[OLDEST] is True and rows[NEWEST] is False
     assert "unpinned" in cli("pin", OLDEST, "--off", env=seeded).stdout
     assert json.loads(cli("runs", "--json", env=seeded).stdout)[-1]["pinned"] is False
+
+
+def test_runs_json_is_the_run_summary_every_face_shows(seeded: dict[str, str]) -> None:
+    from fleet_rlm.core.views import RunSummary
+    from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.store import Store
+
+    proc = cli("runs", "--json", env=seeded)
+    assert proc.returncode == 0, proc.stderr
+    listed = {r["run_id"]: r for r in json.loads(proc.stdout)}
+    with Workspace(Store(Path(seeded["FLEET_HOME"]) / "fleet.db"), volumes=lambda: pytest.fail("no volumes")) as ws:
+        shown = {r.run_id: r.model_dump(mode="json") for r in ws.list_runs().runs}  # what MCP and the web list
+    assert listed == shown and set(listed) == {OLDEST, MIDDLE, NEWEST}
+    earlier_keys = {"run_id", "status", "question", "created_at", "iterations", "llm_calls", "session_id",
+                    "pinned", "kind", "parent_run_id", "fork_at"}  # fmt: skip  # what `runs --json` always gave
+    assert earlier_keys <= set(RunSummary.model_fields) == set(listed[OLDEST])

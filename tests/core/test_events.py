@@ -30,7 +30,7 @@ def anyio_backend() -> str:
 def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "fleet.db")
     for run_id in ("r1", "r2"):
-        s.create_run(RunRecord(id=run_id, question="q"))
+        s.runs.create(RunRecord(id=run_id, question="q"))
     yield s
     s.close()
 
@@ -56,7 +56,7 @@ def test_publish_queues_and_the_store_assigns_the_envelope(store: Store) -> None
     bus = EventBus(store)
     assert bus.publish("r1", "lm.call", {"model": "m"}, node="root.0", parent="root", depth=1) is None
     store.flush()
-    (event,) = store.events("r1")
+    (event,) = store.runs.events("r1")
     assert event["v"] == EVENT_VERSION == 1
     assert event["seq"] == 1 and event["kind"] == "lm.call" and event["depth"] == 1
     assert (event["node"], event["parent"], event["data"]) == ("root.0", "root", {"model": "m"})
@@ -197,7 +197,7 @@ def test_publish_from_thread_without_loop(store: Store) -> None:
     t.start()
     t.join()
     store.flush()
-    assert [e["seq"] for e in store.events("r1")] == [1]
+    assert [e["seq"] for e in store.runs.events("r1")] == [1]
 
 
 # -- redaction -----------------------------------------------------------------
@@ -262,8 +262,8 @@ def test_secret_values_never_reach_the_store(store: Store) -> None:
             data = {"nested": [data]}
         bus.publish("r1", "code.executed", data)
         store.flush()
-        seq = store.last_seq("r1")
-        (row,) = store._read("SELECT data_json FROM events WHERE run_id = 'r1' AND seq = ?", (seq,))
+        seq = store.runs.last_seq("r1")
+        (row,) = store.read("SELECT data_json FROM events WHERE run_id = 'r1' AND seq = ?", (seq,))
         stored = json.loads(row[0])
         for _ in range(depth):
             stored = stored["nested"][0]
@@ -294,8 +294,8 @@ async def test_following_a_run_whose_process_died_ends_at_once(tmp_path: Path) -
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with Store(tmp_path / "dead.db") as store:
-        store.create_run(RunRecord(id="r9", status="running", owner_pid=dead.pid, owner_host=socket.gethostname()))
-        store.append_event("r9", "run.started", {})
+        store.runs.create(RunRecord(id="r9", status="running", owner_pid=dead.pid, owner_host=socket.gethostname()))
+        store.runs.append_event("r9", "run.started", {})
         got = await asyncio.wait_for(_collect(EventBus(store).subscribe("r9")), 5)
     assert [e["kind"] for e in got] == ["run.started", "run.finished"]
     assert got[-1]["data"]["status"] == "interrupted"
@@ -329,12 +329,12 @@ async def test_publish_returns_at_once_and_nobody_sees_the_event_before_it_commi
     assert not held.done()
     await asyncio.sleep(0.1)
     # Reads do not wait for the writer either (WAL); neither they nor the subscriber see anything yet.
-    assert store.events("r1") == [] and not follower.done()
+    assert store.runs.events("r1") == [] and not follower.done()
     release.set()
     await bus.flush()
     got = await asyncio.wait_for(follower, 5)
     assert [(e["seq"], e["kind"]) for e in got] == [(1, "run.started"), (2, "run.finished")]
-    assert got == store.events("r1")
+    assert got == store.runs.events("r1")
 
 
 @pytest.mark.anyio
@@ -346,7 +346,7 @@ async def test_subscribers_get_what_was_stored_not_the_callers_object(store: Sto
     bus.publish("r1", "warning", data)
     _finish(bus)
     got = await asyncio.wait_for(follower, 5)
-    assert got[0]["data"] == {"api_key": "***", "n": 1} == store.events("r1")[0]["data"]
+    assert got[0]["data"] == {"api_key": "***", "n": 1} == store.runs.events("r1")[0]["data"]
     assert data == {"api_key": "abc", "n": 1}
 
 
@@ -381,7 +381,7 @@ def test_publishers_on_threads_and_in_processes_keep_seq_gap_free_and_their_orde
         t.join()
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
     store.flush()
-    events = store.events("r1")
+    events = store.runs.events("r1")
     assert [e["seq"] for e in events] == list(range(1, 1501))
     for who in ("p1", "p2", "t0", "t1", "t2"):
         assert [e["data"]["i"] for e in events if e["data"]["who"] == who] == list(range(300))
@@ -389,7 +389,7 @@ def test_publishers_on_threads_and_in_processes_keep_seq_gap_free_and_their_orde
 
 def test_close_commits_what_is_still_queued(tmp_path: Path) -> None:
     store = Store(tmp_path / "fleet.db")
-    store.create_run(RunRecord(id="r1"))
+    store.runs.create(RunRecord(id="r1"))
     bus = EventBus(store)
     held, release = _hold_writer(store)
     for i in range(200):
@@ -403,7 +403,7 @@ def test_close_commits_what_is_still_queued(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="closed"):
         bus.publish("r1", "warning", {})
     with Store(tmp_path / "fleet.db") as again:
-        assert [e["data"]["i"] for e in again.events("r1")] == list(range(200))
+        assert [e["data"]["i"] for e in again.runs.events("r1")] == list(range(200))
 
 
 # -- tailing: runs this process does not run -------------------------------------
@@ -418,8 +418,8 @@ async def test_a_run_another_writer_runs_is_followed_by_tailing(tmp_path: Path) 
     """``there`` stands for another process: nothing it writes reaches ``here``'s bus live."""
     with Store(tmp_path / "fleet.db") as here, Store(tmp_path / "fleet.db") as there:
         owner = {"owner_pid": os.getpid(), "owner_host": socket.gethostname()}
-        there.create_run(RunRecord(id="r1", status="running", **owner))
-        there.append_event("r1", "run.started", {})
+        there.runs.create(RunRecord(id="r1", status="running", **owner))
+        there.runs.append_event("r1", "run.started", {})
         bus, elsewhere = EventBus(here), EventBus(there)
         everything = asyncio.create_task(_collect(bus.subscribe(None), until=_is_finished("r1")))
         await asyncio.sleep(0.3)  # the all-runs subscription has taken its cursor
@@ -431,7 +431,7 @@ async def test_a_run_another_writer_runs_is_followed_by_tailing(tmp_path: Path) 
         elsewhere.publish("r1", "run.finished", {"status": "succeeded"})
         got = await asyncio.wait_for(follower, 10)
         seen = await asyncio.wait_for(everything, 10)
-        stored = here.events("r1")
+        stored = here.runs.events("r1")
     assert [e["seq"] for e in stored] == list(range(1, 103))
     assert got == stored  # every event exactly once, in order, ending with run.finished
     assert seen == stored[1:]  # from its cursor on: run.started came before it

@@ -61,11 +61,11 @@ def test_retention_passes_a_pinned_run_by_until_it_is_unpinned(fleet_env: dict) 
     month_ago = time.time() - 40 * 86400
     with Workspace.open(settings) as ws:
         for run_id in ("rkeep0000001", "rlose0000002"):
-            ws.store.create_run(RunRecord(run_id, "old question", status="succeeded", created_at=month_ago))
+            ws.store.runs.create(RunRecord(run_id, "old question", status="succeeded", created_at=month_ago))
         summary = operations.pin_run(ws, "keep0000001")  # any run reference
         assert (summary.run_id, summary.pinned) == ("rkeep0000001", True)
-        assert housekeeping.delete_runs_older_than(ws.store, settings, 30) == 1
+        assert housekeeping.delete_runs_older_than(ws, settings, 30) == 1
         assert [r.id for r in ws.runs()] == ["rkeep0000001"] and ws.run("rkeep0000001").pinned
         assert operations.pin_run(ws, "rkeep0000001", pinned=False).pinned is False
-        assert housekeeping.delete_runs_older_than(ws.store, settings, 30) == 1
+        assert housekeeping.delete_runs_older_than(ws, settings, 30) == 1
         assert ws.runs() == []

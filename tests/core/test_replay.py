@@ -186,10 +186,10 @@ async def test_a_request_without_a_recorded_reply_ends_the_replay(fleet_env: dic
         source = (await engine.run(RunRequest("two steps", context_text=["x"]))).run_id
         store = engine.workspace.store
         # Keep only step 1's reply: step 2's call has nothing to be answered with.
-        kept = [r for r in store.records(source) if not r.slot.startswith("root#2/")]
-        await store.write(store._writer.run, lambda tx: tx.conn.execute(
+        kept = [r for r in store.records.list(source) if not r.slot.startswith("root#2/")]
+        await store.write(store.writer.run, lambda tx: tx.conn.execute(
             "DELETE FROM run_records WHERE run_id = ? AND slot LIKE 'root#2/%'", (source,)))  # fmt: skip
-        assert len(store.records(source)) == len(kept)
+        assert len(store.records.list(source)) == len(kept)
         replay_id = await engine.replay(source)
         result = await engine.wait(replay_id)
         report = engine.workspace.replay_report(replay_id)
@@ -237,10 +237,10 @@ async def test_the_record_keeps_each_body_once(fleet_env: dict, oracle: OracleLM
         replay_id = await engine.replay(source)
         await engine.wait(replay_id)
         store = engine.workspace.store
-        own, again = store.record_size(source), store.record_size(replay_id)
-        bodies = store._read("SELECT COUNT(*) FROM record_bodies")[0][0]
-        distinct = store._read("SELECT COUNT(DISTINCT body_hash) FROM run_records")[0][0]
-    assert own["records"] == again["records"]  # the replay keeps a record of its own (it can be replayed)
+        own, again = store.records.size(source), store.records.size(replay_id)
+        bodies = store.read("SELECT COUNT(*) FROM record_bodies")[0][0]
+        distinct = store.read("SELECT COUNT(DISTINCT body_hash) FROM run_records")[0][0]
+    assert own.records == again.records  # the replay keeps a record of its own (it can be replayed)
     assert bodies == distinct  # ... whose bodies were all there already: stored once
 
 
@@ -274,7 +274,7 @@ async def test_the_record_is_masked_like_events(fleet_env: dict, oracle: OracleL
         source = (await engine.run(RunRequest("leaky", context_text=["x"]))).run_id
         store = engine.workspace.store
         await engine.bus.flush()  # type: ignore[union-attr]
-        bodies = store._read("SELECT body FROM record_bodies")
+        bodies = store.read("SELECT body FROM record_bodies")
         replay_id = await engine.replay(source)
         await engine.wait(replay_id)
         report = engine.workspace.replay_report(replay_id)

@@ -133,3 +133,37 @@ async def test_pin_run_marks_the_run_and_get_run_shows_it(client: Client, oracle
     assert unpinned is not None and unpinned["pinned"] is False
     missing = await client.call_tool("pin_run", {"run_id": "rnosuchrun0"})
     assert missing.is_error and "no run" in missing.content[0].text  # type: ignore[union-attr]
+
+
+async def test_pin_run_waits_for_the_store_off_the_event_loop(
+    fleet_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While pin_run's write waits for the store's writer thread, the server's event loop keeps
+    serving: the writer, held busy, is released only by a callback that the loop runs."""
+    import asyncio
+    import threading
+
+    from fleet_rlm.core.engine import Engine
+    from fleet_rlm.mcp.server import build_server
+    from tests.support.run_refs import NEWEST, seed_runs
+
+    seed_runs(Path(fleet_env["FLEET_HOME"]))
+    queued, loop_ran = threading.Event(), threading.Event()
+    async with Engine() as engine, Client(build_server(engine)) as client:
+        store, loop = engine.workspace.store, asyncio.get_running_loop()
+        update = store.runs.update
+
+        def update_seen(*args: Any, **kwargs: Any) -> None:
+            queued.set()
+            update(*args, **kwargs)
+
+        def hold_the_writer() -> bool:  # on the writer thread, ahead of pin_run's write
+            queued.wait(30)  # bounds a hang, never reached when pin_run calls the store
+            loop.call_soon_threadsafe(loop_ran.set)
+            return loop_ran.wait(30)  # False: the loop was stuck waiting for this very thread
+
+        monkeypatch.setattr(store.runs, "update", update_seen)
+        held = asyncio.wrap_future(store.submit(hold_the_writer))
+        pinned = (await client.call_tool("pin_run", {"run_id": NEWEST})).structured_content
+        assert await held is True, "pin_run blocked the event loop while it waited for the store"
+        assert pinned is not None and (pinned["run_id"], pinned["pinned"]) == (NEWEST, True)

@@ -111,9 +111,9 @@ def test_feedback_import_keeps_a_sessions_first_run_and_names_why_others_are_ski
     assert failed.returncode == 1, failed.stderr
     failed_id = json.loads(failed.stdout)["run_id"]
     with Store(Path(fleet_env["FLEET_HOME"]) / "fleet.db") as store:
-        store.add_feedback(first["run_id"], True, None, None)
-        store.add_feedback(follow_up["run_id"], True, None, None)
-        store.add_feedback(failed_id, True, None, None)  # judged before faces refused this
+        store.uploads.add_feedback(first["run_id"], True, None, None)
+        store.uploads.add_feedback(follow_up["run_id"], True, None, None)
+        store.uploads.add_feedback(failed_id, True, None, None)  # judged before faces refused this
 
     made = ok("dataset", "import", "--feedback", "--name", "judged", env=fleet_env)
     assert [(r["run_id"], r["answer"], r["context_paths"]) for r in made["rows"]] == [
@@ -225,7 +225,7 @@ def test_every_documented_optimization_command_and_flag(fleet_env: dict, shout: 
     from fleet_rlm.store import Store
 
     with Store(Path(fleet_env["FLEET_HOME"]) / "fleet.db") as store:
-        store.add_feedback(judged["run_id"], False, "X", "should shout")
+        store.uploads.add_feedback(judged["run_id"], False, "X", "should shout")
     values = {"file": str(walk), "missing": str(tmp_path / "nope.jsonl")}
     for (key, flag), argv in OPTIMIZE_WALK.items():
         if key == (OPT, "optimize") and flag == "--base" and "version" not in values:

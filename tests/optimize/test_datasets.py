@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.errors import Conflict, UserError
 from fleet_rlm.optimize import datasets
 from fleet_rlm.store import RunRecord, Store
@@ -16,6 +17,11 @@ from fleet_rlm.store import RunRecord, Store
 def store(tmp_path: Path) -> Store:
     with Store(tmp_path / "fleet.db") as s:
         yield s
+
+
+@pytest.fixture
+def ws(store: Store) -> Workspace:
+    return Workspace(store, volumes=lambda: pytest.fail("datasets never open the volumes"))
 
 
 def _lines(*items: object) -> list[str]:
@@ -43,23 +49,23 @@ def test_relative_paths_are_taken_from_the_file_and_numbers_become_text(tmp_path
     assert rows[0]["answer"] == "42" and rows[0]["context_paths"] == [str(tmp_path / "doc.txt")]
 
 
-def test_the_split_is_seeded_stored_and_survives_export_and_import(store: Store) -> None:
+def test_the_split_is_seeded_stored_and_survives_export_and_import(ws: Workspace) -> None:
     rows = datasets.parse_jsonl(_lines(*({"question": f"q{i}", "answer": f"a{i}", "context": f"c{i}"}
                                          for i in range(10))))  # fmt: skip
     assert datasets.split_rows(rows, 0.2, 7) == datasets.split_rows(rows, 0.2, 7)
     assert datasets.split_rows(rows, 0.2, 7) != datasets.split_rows(rows, 0.2, 8)
 
     async def go() -> None:
-        made = await datasets.create(store, "ten", rows, source="jsonl", holdout=0.3, seed=1)
-        assert (made["train"], made["holdout"]) == (7, 3)
-        exported = list(datasets.export_lines(store, "ten"))
+        made = await datasets.create(ws, "ten", rows, source="jsonl", holdout=0.3, seed=1)
+        assert (made.train, made.holdout) == (7, 3) and [r.split for r in made.rows].count("holdout") == 3
+        exported = list(datasets.export_lines(ws, "ten"))
         again = datasets.parse_jsonl(exported)
-        copy = await datasets.create(store, "copy", again, source="jsonl", holdout=0.5, seed=99)
-        assert [r["split"] for r in store.dataset_rows(copy["id"])] == [
-            r["split"] for r in store.dataset_rows(made["id"])
-        ]
+        copy = await datasets.create(ws, "copy", again, source="jsonl", holdout=0.5, seed=99)
+        assert [r.split for r in copy.rows] == [r.split for r in made.rows]
+        assert datasets.detail(ws, "copy") == copy
+        assert [d.name for d in datasets.list_datasets(ws).datasets] == ["copy", "ten"]
         with pytest.raises(Conflict, match="a dataset named 'ten' exists already"):
-            await datasets.create(store, "ten", rows, source="jsonl")
+            await datasets.create(ws, "ten", rows, source="jsonl")
 
     import asyncio
 
@@ -72,15 +78,15 @@ def test_bad_names_are_refused(name: str) -> None:
         datasets.check_name(name)
 
 
-def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, tmp_path: Path) -> None:
+def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, ws: Workspace, tmp_path: Path) -> None:
     doc = tmp_path / "doc.txt"
     doc.write_text("the text")
 
     def run(run_id: str, session: str | None = None, answered: bool = True, **request: object) -> None:
         request = {"context_paths": [str(doc)], "session_id": session, **request}
-        store.create_run(RunRecord(run_id, f"question {run_id}", session_id=session, status="succeeded",
-                                   answer=f"answer {run_id}" if answered else None, request=request,
-                                   created_at=float(run_id[1:])))  # fmt: skip
+        store.runs.create(RunRecord(run_id, f"question {run_id}", session_id=session, status="succeeded",
+                                    answer=f"answer {run_id}" if answered else None, request=request,
+                                    created_at=float(run_id[1:])))  # fmt: skip
 
     run("r1", session="s")  # a session's first run: its REPL started fresh, as a replay's does
     run("r2")
@@ -88,13 +94,13 @@ def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, tmp_path: 
     run("r4", session="s")  # builds on r1's REPL state
     run("r5")
     run("r6", answered=False)
-    store.add_feedback("r1", True, None, "good")
-    store.add_feedback("r2", False, "the right one", "missed it")
-    store.add_feedback("r3", True, None, None)
-    store.add_feedback("r4", True, None, None)
-    store.add_feedback("r5", False, None, "wrong")
-    store.add_feedback("r6", True, None, None)  # as stored before faces refused it
-    rows, skipped = datasets.rows_from_feedback(store)
+    store.uploads.add_feedback("r1", True, None, "good")
+    store.uploads.add_feedback("r2", False, "the right one", "missed it")
+    store.uploads.add_feedback("r3", True, None, None)
+    store.uploads.add_feedback("r4", True, None, None)
+    store.uploads.add_feedback("r5", False, None, "wrong")
+    store.uploads.add_feedback("r6", True, None, None)  # as stored before faces refused it
+    rows, skipped = datasets.rows_from_feedback(ws)
     assert [(r["run_id"], r["answer"], r["verdict"]) for r in rows] == [
         ("r1", "answer r1", True), ("r2", "the right one", False)]  # fmt: skip
     assert rows[0]["context_paths"] == [str(doc)] and rows[0]["comment"] == "good"
@@ -103,20 +109,21 @@ def test_rows_from_feedback_keep_replayable_judged_runs(store: Store, tmp_path: 
     assert "without the right answer" in skipped[2] and "marked correct but gave no answer" in skipped[3]
 
 
-def test_secrets_in_rows_and_versions_are_masked_in_the_store(store: Store) -> None:
+def test_secrets_in_rows_and_versions_are_masked_in_the_store(store: Store, ws: Workspace) -> None:
     key = "sk-live-abcdefgh12345678"
     rows = [{"question": f"is {key} valid?", "context_text": f"key {key}", "context_paths": [], "answer": key}]
 
     import asyncio
 
     async def go() -> None:
-        made = await datasets.create(store, "keys", rows, source="jsonl")
-        stored = store.dataset_rows(made["id"])[0]
+        made = await datasets.create(ws, "keys", rows, source="jsonl")
+        stored = store.optimize.dataset_rows(made.id)[0]
         assert key not in json.dumps(stored) and "***" in stored["question"]
         demo = {"observation": f"context preview {key}", "reasoning": "r", "code": "SUBMIT(1)"}
-        store.add_program_version({"id": "v1", "base_id": None, "optimization_id": None, "dataset_id": made["id"],
-                                   "optimizer": "bootstrap", "metric": "exact", "scores": {},
-                                   "state": {"act": {"demos": [demo]}}, "changes": {}, "created_at": 0.0})  # fmt: skip
-        assert key not in json.dumps(store.get_program_version("v1"))
+        store.optimize.add_program_version({"id": "v1", "base_id": None, "optimization_id": None,
+                                            "dataset_id": made.id, "optimizer": "bootstrap", "metric": "exact",
+                                            "scores": {}, "state": {"act": {"demos": [demo]}}, "changes": {},
+                                            "created_at": 0.0})  # fmt: skip
+        assert key not in json.dumps(store.optimize.get_program_version("v1"))
 
     asyncio.run(go())

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 async def client(fake_env: dict[str, str], shout: OracleLM, shout_file: Path) -> AsyncIterator[Client]:
     with Workspace.open(load_settings()) as ws:
         rows = datasets.parse_jsonl(shout_file.read_text().splitlines())
-        await datasets.create(ws.store, "shout", rows, source="jsonl")
+        await datasets.create(ws, "shout", rows, source="jsonl")
     async with Client(build_server()) as c:
         yield c
 

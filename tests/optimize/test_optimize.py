@@ -15,6 +15,7 @@ from fleet_rlm.core.engine import Engine
 from fleet_rlm.errors import Conflict
 from fleet_rlm.optimize import datasets, runner, versions
 from fleet_rlm.optimize.runner import OptimizeRequest
+from fleet_rlm.optimize.views import DatasetDetail
 from fleet_rlm.types import PAYLOADS, RunRequest
 from tests.optimize.conftest import INSTRUCTION
 from tests.support.oracle_lm import OracleLM
@@ -22,9 +23,9 @@ from tests.support.oracle_lm import OracleLM
 pytestmark = pytest.mark.anyio
 
 
-async def _dataset(engine: Engine, path: Path, name: str = "shout") -> dict[str, Any]:
+async def _dataset(engine: Engine, path: Path, name: str = "shout") -> DatasetDetail:
     rows = datasets.parse_jsonl(path.read_text().splitlines(), path.parent)
-    return await datasets.create(engine.workspace.store, name, rows, source="jsonl")
+    return await datasets.create(engine.workspace, name, rows, source="jsonl")
 
 
 async def _optimize(engine: Engine, optimizer: str, **options: Any) -> Any:
@@ -57,28 +58,28 @@ async def test_bootstrap_candidate_is_saved_promoted_and_used_by_the_next_run(
         assert s.holdout_after is not None and s.holdout_before is not None and s.holdout_after >= s.holdout_before
         assert final.gate["passed"] is True
         # The version holds the demos it added: whole successful runs of Exemplar rows.
-        detail = versions.show(store, final.version_id)
+        detail = versions.show(engine.workspace, final.version_id)
         demos = detail.changes["act"]["demos"]["after"]
         assert demos and all("Exemplar" in d["transcript"] and "SUBMIT" in d["code"] for d in demos)
         assert "instructions" not in detail.changes["act"]
         # Replays were real runs of kind eval under the optimization, kept out of the run list.
-        evals = store.list_runs(kind="eval", limit=1000)
+        evals = store.runs.list(kind="eval", limit=1000)
         assert evals and {r.parent_run_id for r in evals} == {final.id}
-        assert store.list_runs() == []
+        assert store.runs.list() == []
 
         before = await _ask(engine, "plum")
-        assert before.answer == "plum" and store.get_run(before.run_id).program_version is None
-        await versions.promote(store, final.version_id)
+        assert before.answer == "plum" and store.runs.get(before.run_id).program_version is None
+        await versions.promote(engine.workspace, final.version_id)
         after = await _ask(engine, "quince")
         assert after.answer == "QUINCE"
-        assert store.get_run(after.run_id).program_version == final.version_id
+        assert store.runs.get(after.run_id).program_version == final.version_id
         sent = _sent(shout, "(quince)")
         # The field appears in the system message's format, once per demo and once for this run.
         assert "Exemplar:" in sent and sent.count("[[ ## transcript ## ]]") == 2 + len(demos)
 
-        assert await versions.rollback(store) == "builtin"
+        assert await versions.rollback(engine.workspace) == "builtin"
         again = await _ask(engine, "rowan")
-        assert again.answer == "rowan" and store.get_run(again.run_id).program_version is None
+        assert again.answer == "rowan" and store.runs.get(again.run_id).program_version is None
         assert "Exemplar:" not in _sent(shout, "(rowan)")
 
 
@@ -86,21 +87,20 @@ async def test_gepa_proposes_an_instruction_that_the_next_run_sends(
     fake_env: dict, shout: OracleLM, shout_file: Path
 ) -> None:
     async with Engine() as engine:
-        store = engine.workspace.store
         await _dataset(engine, shout_file)
         final = await _optimize(engine, "gepa", trials=2)
         assert final.status == "succeeded", final.error
         assert final.scores.train_after == 1.0 and final.scores.train_before < 1.0
-        change = versions.show(store, final.version_id).changes["act"]["instructions"]
+        change = versions.show(engine.workspace, final.version_id).changes["act"]["instructions"]
         assert change["after"] == INSTRUCTION and change["before"] != INSTRUCTION
         # The reflection model was asked (its request named GEPA's proposal field).
         assert any("new_instruction" in str(r.messages[0]["content"]) for r in shout.requests("root"))
-        await versions.promote(store, final.version_id)
+        await versions.promote(engine.workspace, final.version_id)
         result = await _ask(engine, "sloe")
         assert result.answer == "SLOE"
         assert INSTRUCTION in str(next(r for r in reversed(shout.requests("root"))
                                        if "(sloe)" in str(r.messages)).messages[0]["content"])  # fmt: skip
-        diff = versions.compare(store, "builtin", final.version_id)
+        diff = versions.compare(engine.workspace, "builtin", final.version_id)
         assert f"+{INSTRUCTION}" in diff.instructions["act"]
 
 
@@ -129,11 +129,11 @@ async def test_the_gate_refuses_a_candidate_that_is_no_better_unless_overridden(
         assert final.scores.train_before == final.scores.train_after == 1.0
         assert final.gate["passed"] is False
         with pytest.raises(Conflict, match="does not pass the promotion gate: train score did not improve"):
-            await versions.promote(store, final.version_id)
-        assert versions.active(store) is None
-        await versions.promote(store, final.version_id, override="demos help new users")
-        assert versions.active(store) == final.version_id
-        assert store.activations()[0]["reason"] == "override: demos help new users"
+            await versions.promote(engine.workspace, final.version_id)
+        assert versions.active(engine.workspace) is None
+        await versions.promote(engine.workspace, final.version_id, override="demos help new users")
+        assert versions.active(engine.workspace) == final.version_id
+        assert store.optimize.activations()[0]["reason"] == "override: demos help new users"
 
 
 @pytest.mark.slow
@@ -150,12 +150,12 @@ async def test_cancel_then_resume_skips_every_finished_evaluation(
             seen += event["kind"] == "optimize.eval"
             if seen == 5 and event["kind"] == "optimize.eval":
                 assert await engine.cancel(opt_id)
-        cancelled = runner.state(store, opt_id)
+        cancelled = runner.state(engine.workspace, opt_id)
         assert cancelled.status == "cancelled" and cancelled.version_id is None
         assert engine.events(opt_id)[-1]["kind"] == "run.finished"
-        replays = store.list_runs(kind="eval", limit=1000)
+        replays = store.runs.list(kind="eval", limit=1000)
         assert not [(r.id, r.status) for r in replays if r.status in ("queued", "running")], "a replay outlived it"
-        finished = len(store._read("SELECT 1 FROM eval_cache"))  # what the cache holds
+        finished = len(store.read("SELECT 1 FROM eval_cache"))  # what the cache holds
         assert finished >= 5
 
         asked = len(shout.requests("root"))
@@ -163,7 +163,7 @@ async def test_cancel_then_resume_skips_every_finished_evaluation(
         resumed = await runner.wait(engine, opt2)
         assert resumed.status == "succeeded" and resumed.scores.train_after == 1.0
         assert resumed.cached >= finished
-        replays = len([r for r in store.list_runs(kind="eval", limit=1000) if r.parent_run_id == opt2])
+        replays = len([r for r in store.runs.list(kind="eval", limit=1000) if r.parent_run_id == opt2])
         assert len(shout.requests("root")) - asked == replays  # one model call per replay: cached ones made none
         assert replays == resumed.evaluations - resumed.cached
 
@@ -201,5 +201,5 @@ async def test_a_bad_request_is_refused_before_anything_is_recorded(fake_env: di
             await runner.start(engine, OptimizeRequest(dataset="nope", optimizer="sgd"))
         with pytest.raises(UserError, match="unknown metric 'bleu'"):
             await runner.start(engine, OptimizeRequest(dataset="nope", optimizer="gepa", metric="bleu"))
-        assert engine.workspace.store.list_runs(kind=None) == []
+        assert engine.workspace.store.runs.list(kind=None) == []
     await asyncio.sleep(0)

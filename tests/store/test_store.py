@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ import pytest
 from fleet_rlm.redaction import remember_secrets
 from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
 from fleet_rlm.store.db import MIGRATIONS
-from fleet_rlm.store.store import owner_alive, process_start
+from fleet_rlm.store.owners import owner_alive, process_start
 from fleet_rlm.types import Event
 
 
@@ -94,15 +95,15 @@ def test_a_store_locked_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: p
 def test_reopen_is_idempotent_and_data_survives(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store(path) as s:
-        s.create_run(_run("r1", request={"model": "m"}))
-        s.append_event("r1", "run.started", {"question": "q r1"})
-        s.create_session("s1", name="notes", meta={"a": 1})
+        s.runs.create(_run("r1", request={"model": "m"}))
+        s.runs.append_event("r1", "run.started", {"question": "q r1"})
+        s.sessions.create("s1", name="notes", meta={"a": 1})
     for _ in range(2):
         with Store(path) as s:
-            run = s.get_run("r1")
+            run = s.runs.get("r1")
             assert run is not None and run.request == {"model": "m"}
-            assert [e["kind"] for e in s.events("r1")] == ["run.started"]
-            assert s.get_session("s1").meta == {"a": 1}
+            assert [e["kind"] for e in s.runs.events("r1")] == ["run.started"]
+            assert s.sessions.get("s1").meta == {"a": 1}
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -119,53 +120,53 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 
 def test_create_get_update(store: Store) -> None:
-    store.create_run(_run("r1", session_id="s", owner_pid=1, owner_host="h"))
-    store.update_run("r1", status="running", started_at=5.0, usage={"total_tokens": 3}, iterations=2)
-    run = store.get_run("r1")
+    store.runs.create(_run("r1", session_id="s", owner_pid=1, owner_host="h"))
+    store.runs.update("r1", status="running", started_at=5.0, usage={"total_tokens": 3}, iterations=2)
+    run = store.runs.get("r1")
     assert run.status == "running" and run.started_at == 5.0 and run.iterations == 2
     assert run.usage == {"total_tokens": 3} and run.request == {}
-    assert store.get_run("missing") is None
+    assert store.runs.get("missing") is None
     with pytest.raises(ValueError, match="already exists"):
-        store.create_run(_run("r1"))
+        store.runs.create(_run("r1"))
     with pytest.raises(ValueError, match="cannot update"):
-        store.update_run("r1", id="x")
+        store.runs.update("r1", id="x")
     with pytest.raises(ValueError, match="cannot update"):
-        store.update_run("r1", bogus=1)
+        store.runs.update("r1", bogus=1)
     with pytest.raises(ValueError, match="unknown run status"):
-        store.update_run("r1", status="exploded")
+        store.runs.update("r1", status="exploded")
     with pytest.raises(KeyError):
-        store.update_run("missing", status="failed")
+        store.runs.update("missing", status="failed")
 
 
 def test_list_paging_and_filters(store: Store) -> None:
     for i in range(7):
-        store.create_run(_run(f"r{i}", created_at=100.0 + i, session_id="a" if i % 2 else "b", status="succeeded"))
-    store.update_run("r3", status="failed")
-    assert [r.id for r in store.list_runs()] == [f"r{i}" for i in range(6, -1, -1)]
-    assert [r.id for r in store.list_runs(limit=3, offset=2)] == ["r4", "r3", "r2"]
-    assert [r.id for r in store.list_runs(session_id="a")] == ["r5", "r3", "r1"]
-    assert [r.id for r in store.list_runs(status="failed")] == ["r3"]
-    assert [r.id for r in store.list_runs(session_id="b", status="failed")] == []
+        store.runs.create(_run(f"r{i}", created_at=100.0 + i, session_id="a" if i % 2 else "b", status="succeeded"))
+    store.runs.update("r3", status="failed")
+    assert [r.id for r in store.runs.list()] == [f"r{i}" for i in range(6, -1, -1)]
+    assert [r.id for r in store.runs.list(limit=3, offset=2)] == ["r4", "r3", "r2"]
+    assert [r.id for r in store.runs.list(session_id="a")] == ["r5", "r3", "r1"]
+    assert [r.id for r in store.runs.list(status="failed")] == ["r3"]
+    assert [r.id for r in store.runs.list(session_id="b", status="failed")] == []
 
 
 def test_delete_run_removes_events(store: Store) -> None:
-    store.create_run(_run("r1"))
-    store.create_run(_run("r2"))
+    store.runs.create(_run("r1"))
+    store.runs.create(_run("r2"))
     for kind in ("a", "b"):
-        store.append_event("r1", kind, {})
-        store.append_event("r2", kind, {})
-    store.delete_run("r1")
-    assert store.get_run("r1") is None and store.events("r1") == [] and store.last_seq("r1") == 0
-    assert len(store.events("r2")) == 2
+        store.runs.append_event("r1", kind, {})
+        store.runs.append_event("r2", kind, {})
+    store.runs.delete("r1")
+    assert store.runs.get("r1") is None and store.runs.events("r1") == [] and store.runs.last_seq("r1") == 0
+    assert len(store.runs.events("r2")) == 2
 
 
 # -- events -------------------------------------------------------------------
 
 
 def test_append_and_read_events(store: Store) -> None:
-    store.create_run(_run("r1"))
-    e1 = store.append_event("r1", "run.started", {"x": 1}, ts=10.0)
-    e2 = store.append_event("r1", "lm.call", {"y": [1, 2]}, node="root.1", parent="root", depth=1)
+    store.runs.create(_run("r1"))
+    e1 = store.runs.append_event("r1", "run.started", {"x": 1}, ts=10.0)
+    e2 = store.runs.append_event("r1", "lm.call", {"y": [1, 2]}, node="root.1", parent="root", depth=1)
     assert e1 == {
         "v": 1,
         "run_id": "r1",
@@ -178,25 +179,25 @@ def test_append_and_read_events(store: Store) -> None:
         "data": {"x": 1},
     }
     assert e2["seq"] == 2 and e2["node"] == "root.1" and e2["depth"] == 1
-    assert store.events("r1") == [e1, e2]
-    assert store.events("r1", after_seq=1) == [e2]
-    assert store.events("r1", limit=1) == [e1]
-    assert store.last_seq("r1") == 2 and store.last_seq("nope") == 0
+    assert store.runs.events("r1") == [e1, e2]
+    assert store.runs.events("r1", after_seq=1) == [e2]
+    assert store.runs.events("r1", limit=1) == [e1]
+    assert store.runs.last_seq("r1") == 2 and store.runs.last_seq("nope") == 0
 
 
 def test_event_for_unknown_run_is_refused(store: Store) -> None:
     with pytest.raises(KeyError, match="no run"):
-        store.append_event("ghost", "warning", {})
+        store.runs.append_event("ghost", "warning", {})
 
 
 def test_seq_gap_free_across_threads(store: Store) -> None:
-    store.create_run(_run("r1"))
+    store.runs.create(_run("r1"))
     seqs: list[int] = []
     lock = threading.Lock()
 
     def worker() -> None:
         for i in range(200):
-            seq = store.append_event("r1", "warning", {"i": i})["seq"]
+            seq = store.runs.append_event("r1", "warning", {"i": i})["seq"]
             with lock:
                 seqs.append(seq)
 
@@ -206,25 +207,25 @@ def test_seq_gap_free_across_threads(store: Store) -> None:
     for t in threads:
         t.join()
     assert sorted(seqs) == list(range(1, 1601))
-    assert [e["seq"] for e in store.events("r1")] == list(range(1, 1601))
+    assert [e["seq"] for e in store.runs.events("r1")] == list(range(1, 1601))
 
 
 def test_seq_gap_free_across_store_instances(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store(path) as s:
-        s.create_run(_run("r1"))
+        s.runs.create(_run("r1"))
     stores = [Store(path), Store(path)]
 
     def worker(s: Store) -> None:
         for _ in range(150):
-            s.append_event("r1", "warning", {})
+            s.runs.append_event("r1", "warning", {})
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in stores for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [e["seq"] for e in stores[0].events("r1")] == list(range(1, 601))
+    assert [e["seq"] for e in stores[0].runs.events("r1")] == list(range(1, 601))
     for s in stores:
         s.close()
 
@@ -237,7 +238,7 @@ _APPENDER = textwrap.dedent(
 
     s = Store(Path(sys.argv[1]))
     for i in range(int(sys.argv[2])):
-        s.append_event("r1", "warning", {"who": sys.argv[3], "i": i})
+        s.runs.append_event("r1", "warning", {"who": sys.argv[3], "i": i})
     s.close()
     """
 )
@@ -246,12 +247,12 @@ _APPENDER = textwrap.dedent(
 def test_seq_gap_free_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "fleet.db"
     with Store(path) as s:
-        s.create_run(_run("r1"))
+        s.runs.create(_run("r1"))
         procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(path), "200", name]) for name in ("p1", "p2")]
         for i in range(100):  # and this process too, at the same time
-            s.append_event("r1", "warning", {"who": "me", "i": i})
+            s.runs.append_event("r1", "warning", {"who": "me", "i": i})
         assert [p.wait(timeout=60) for p in procs] == [0, 0]
-        events = s.events("r1")
+        events = s.runs.events("r1")
     assert [e["seq"] for e in events] == list(range(1, 501))
     for who, n in (("p1", 200), ("p2", 200), ("me", 100)):
         # each writer's own events keep their order
@@ -270,20 +271,20 @@ def _dead_pid() -> int:
 def test_mark_interrupted(store: Store) -> None:
     host = socket.gethostname()
     dead = _dead_pid()
-    store.create_run(_run("dead", status="running", owner_pid=dead, owner_host=host, usage={"n": 1}))
-    store.create_run(_run("queued-dead", status="queued", owner_pid=dead, owner_host=host))
-    store.create_run(_run("mine", status="running", owner_pid=os.getpid(), owner_host=host))
-    store.create_run(_run("other-host", status="running", owner_pid=dead, owner_host=host + "-elsewhere"))
-    store.create_run(_run("done", status="succeeded", owner_pid=dead, owner_host=host))
-    store.append_event("dead", "run.started", {})
+    store.runs.create(_run("dead", status="running", owner_pid=dead, owner_host=host, usage={"n": 1}))
+    store.runs.create(_run("queued-dead", status="queued", owner_pid=dead, owner_host=host))
+    store.runs.create(_run("mine", status="running", owner_pid=os.getpid(), owner_host=host))
+    store.runs.create(_run("other-host", status="running", owner_pid=dead, owner_host=host + "-elsewhere"))
+    store.runs.create(_run("done", status="succeeded", owner_pid=dead, owner_host=host))
+    store.runs.append_event("dead", "run.started", {})
 
     before = time.time()
-    assert sorted(store.mark_interrupted()) == ["dead", "queued-dead"]
+    assert sorted(store.runs.mark_interrupted()) == ["dead", "queued-dead"]
 
-    run = store.get_run("dead")
+    run = store.runs.get("dead")
     assert run.status == "interrupted" and run.finished_at >= before
     assert run.stop_reason == f"the process running it stopped (pid {dead})"
-    last = store.events("dead")[-1]
+    last = store.runs.events("dead")[-1]
     assert last["seq"] == 2 and last["kind"] == "run.finished"
     assert last["data"] == {
         "status": "interrupted",
@@ -291,43 +292,43 @@ def test_mark_interrupted(store: Store) -> None:
         "usage": {"n": 1},
         "stop_reason": run.stop_reason,
     }
-    assert [e["kind"] for e in store.events("queued-dead")] == ["run.finished"]
-    assert store.get_run("mine").status == "running"
-    assert store.get_run("other-host").status == "running"
-    assert store.get_run("done").status == "succeeded"
-    assert store.mark_interrupted() == []  # idempotent
+    assert [e["kind"] for e in store.runs.events("queued-dead")] == ["run.finished"]
+    assert store.runs.get("mine").status == "running"
+    assert store.runs.get("other-host").status == "running"
+    assert store.runs.get("done").status == "succeeded"
+    assert store.runs.mark_interrupted() == []  # idempotent
 
 
 def test_mark_interrupted_custom_alive_check(tmp_path: Path) -> None:
     host = socket.gethostname()
     verdict = {111: True, 222: False}
     with Store(tmp_path / "fleet.db", alive=lambda pid, start: verdict[pid]) as store:
-        store.create_run(_run("a", status="running", owner_pid=111, owner_host=host))
-        store.create_run(_run("b", status="running", owner_pid=222, owner_host=host))
-        store.create_run(_run("me", status="running", owner_pid=os.getpid(), owner_host=host))
-        assert store.mark_interrupted() == ["b"]
+        store.runs.create(_run("a", status="running", owner_pid=111, owner_host=host))
+        store.runs.create(_run("b", status="running", owner_pid=222, owner_host=host))
+        store.runs.create(_run("me", status="running", owner_pid=os.getpid(), owner_host=host))
+        assert store.runs.mark_interrupted() == ["b"]
         verdict[111] = False
         # our own runs count as alive whatever the check says (and are never checked)
-        assert store.mark_interrupted() == ["a"]
-        assert store.get_run("me").status == "running"
+        assert store.runs.mark_interrupted() == ["a"]
+        assert store.runs.get("me").status == "running"
 
 
 def test_dead_owner_is_noticed_on_read(store: Store) -> None:
     """get_run and list_runs close a dead process's run at once, with its run.finished event."""
     host = socket.gethostname()
     dead = _dead_pid()
-    store.create_run(_run("gone", status="running", owner_pid=dead, owner_host=host))
-    store.append_event("gone", "run.started", {})
-    run = store.get_run("gone")
+    store.runs.create(_run("gone", status="running", owner_pid=dead, owner_host=host))
+    store.runs.append_event("gone", "run.started", {})
+    run = store.runs.get("gone")
     assert run.status == "interrupted" and run.stop_reason == f"the process running it stopped (pid {dead})"
-    assert [e["kind"] for e in store.events("gone")] == ["run.started", "run.finished"]
+    assert [e["kind"] for e in store.runs.events("gone")] == ["run.started", "run.finished"]
 
-    store.create_run(_run("gone-too", status="queued", owner_pid=dead, owner_host=host))
+    store.runs.create(_run("gone-too", status="queued", owner_pid=dead, owner_host=host))
     # A status filter sees the truth too: the dead run is no longer "queued".
-    assert store.list_runs(status="queued") == []
-    assert [r.status for r in store.list_runs(status="interrupted")] == ["interrupted", "interrupted"]
-    assert store.mark_interrupted() == []  # already recorded, once
-    assert [e["kind"] for e in store.events("gone-too")] == ["run.finished"]
+    assert store.runs.list(status="queued") == []
+    assert [r.status for r in store.runs.list(status="interrupted")] == ["interrupted", "interrupted"]
+    assert store.runs.mark_interrupted() == []  # already recorded, once
+    assert [e["kind"] for e in store.runs.events("gone-too")] == ["run.finished"]
 
 
 def test_recycled_pid_is_not_the_owner(store: Store) -> None:
@@ -337,17 +338,17 @@ def test_recycled_pid_is_not_the_owner(store: Store) -> None:
     try:
         stamp = process_start(other.pid)
         assert stamp is not None and stamp == process_start(other.pid)
-        store.create_run(_run("live", status="running", owner_pid=other.pid, owner_host=host, owner_start=stamp))
+        store.runs.create(_run("live", status="running", owner_pid=other.pid, owner_host=host, owner_start=stamp))
         # Same pid, but the process that owned the run started at another time: it is gone.
-        store.create_run(
+        store.runs.create(
             _run("recycled", status="running", owner_pid=other.pid, owner_host=host, owner_start=stamp + "0")
         )
-        assert store.get_run("live").status == "running"
-        assert store.get_run("recycled").status == "interrupted"
+        assert store.runs.get("live").status == "running"
+        assert store.runs.get("recycled").status == "interrupted"
     finally:
         other.kill()
         other.wait()
-    assert store.get_run("live").status == "interrupted"  # now its owner really is gone
+    assert store.runs.get("live").status == "interrupted"  # now its owner really is gone
 
 
 def test_an_exited_unreaped_owner_is_dead() -> None:
@@ -367,18 +368,18 @@ def test_an_exited_unreaped_owner_is_dead() -> None:
 
 
 def test_own_runs_carry_this_process_start_stamp(store: Store) -> None:
-    store.create_run(_run("mine", status="running", owner_pid=os.getpid(), owner_host=socket.gethostname()))
-    assert store.get_run("mine").owner_start == process_start(os.getpid()) is not None
+    store.runs.create(_run("mine", status="running", owner_pid=os.getpid(), owner_host=socket.gethostname()))
+    assert store.runs.get("mine").owner_start == process_start(os.getpid()) is not None
 
 
 def test_secrets_are_masked_before_they_reach_the_file(store: Store) -> None:
     remember_secrets(["plainkey0123456789abcdef"])
-    store.create_run(_run("r1", request={"note": "sent plainkey0123456789abcdef"}))
-    store.update_run("r1", error="provider said: bad key plainkey0123456789abcdef", answer="Bearer abcdefghijkl")
-    store.append_event("r1", "warning", {"message": "echo plainkey0123456789abcdef"})
-    run = store.get_run("r1")
+    store.runs.create(_run("r1", request={"note": "sent plainkey0123456789abcdef"}))
+    store.runs.update("r1", error="provider said: bad key plainkey0123456789abcdef", answer="Bearer abcdefghijkl")
+    store.runs.append_event("r1", "warning", {"message": "echo plainkey0123456789abcdef"})
+    run = store.runs.get("r1")
     assert (run.error, run.answer, run.request) == ("provider said: bad key ***", "***", {"note": "sent ***"})
-    assert store.events("r1")[0]["data"] == {"message": "echo ***"}
+    assert store.runs.events("r1")[0]["data"] == {"message": "echo ***"}
     store.close()
     raw = b"".join(f.read_bytes() for f in store.path.parent.iterdir() if f.name.startswith("fleet.db"))
     assert b"plainkey0123456789abcdef" not in raw and b"abcdefghijkl" not in raw
@@ -387,7 +388,7 @@ def test_secrets_are_masked_before_they_reach_the_file(store: Store) -> None:
 def test_store_files_are_private(tmp_path: Path) -> None:
     path = tmp_path / "home" / "fleet.db"
     with Store(path) as store:
-        store.create_run(_run("r1"))  # a write: the -wal file exists now
+        store.runs.create(_run("r1"))  # a write: the -wal file exists now
         modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in path.parent.iterdir()}
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert {"fleet.db", "fleet.db-wal", "fleet.db-shm"} <= set(modes)
@@ -408,28 +409,51 @@ def test_older_store_files_are_tightened(tmp_path: Path) -> None:
 
 
 def test_sessions(store: Store) -> None:
-    s1 = store.create_session("s1", name="first")
+    s1 = store.sessions.create("s1", name="first")
     time.sleep(0.01)
-    store.create_session("s2", meta={"k": "v"})
-    assert [s.id for s in store.list_sessions()] == ["s2", "s1"]
+    store.sessions.create("s2", meta={"k": "v"})
+    assert [s.id for s in store.sessions.list()] == ["s2", "s1"]
     time.sleep(0.01)
-    store.touch_session("s1")
-    assert store.get_session("s1").last_used_at > s1.last_used_at
-    assert [s.id for s in store.list_sessions()] == ["s1", "s2"]
-    store.close_session("s2")
-    assert [s.id for s in store.list_sessions()] == ["s1"]
-    assert {s.id for s in store.list_sessions(include_closed=True)} == {"s1", "s2"}
-    assert store.get_session("s2").closed_at is not None
-    assert store.get_session("nope") is None
+    store.sessions.touch("s1")
+    assert store.sessions.get("s1").last_used_at > s1.last_used_at
+    assert [s.id for s in store.sessions.list()] == ["s1", "s2"]
+    store.sessions.close("s2")
+    assert [s.id for s in store.sessions.list()] == ["s1"]
+    assert {s.id for s in store.sessions.list(include_closed=True)} == {"s1", "s2"}
+    assert store.sessions.get("s2").closed_at is not None
+    assert store.sessions.get("nope") is None
     with pytest.raises(ValueError, match="already exists"):
-        store.create_session("s1")
+        store.sessions.create("s1")
     with pytest.raises(KeyError):
-        store.touch_session("nope")
+        store.sessions.touch("nope")
+
+
+# -- uploads and feedback -----------------------------------------------------
+
+
+def test_uploads_and_feedback_are_rows_that_go_with_their_run(store: Store) -> None:
+    store.runs.create(_run("r1", status="succeeded"))
+    store.runs.create(_run("r2", status="succeeded"))
+    store.uploads.add("u1", "notes.txt", 5)
+    store.uploads.add("u2", "shared.txt", 7)
+    store.uploads.attach("r1", ["u1", "u2"])
+    store.uploads.attach("r2", ["u2"])
+    given = store.uploads.add_feedback("r1", False, "the right one", "key sk-live-abcdefgh12345678")
+    assert store.uploads.feedback("r1") == [given]  # what was stored is what reads give back
+    assert (given.correct, given.expected) == (False, "the right one") and "sk-live" not in (given.comment or "")
+    upload = store.uploads.get("u1")
+    assert upload is not None and (upload.name, upload.size) == ("notes.txt", 5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        upload.name = "elsewhere.txt"  # type: ignore[misc]
+    assert sorted(store.uploads.of_run("r1")) == ["u1", "u2"]
+    assert store.runs.purge(["r1"]) == ["u1"]  # u2: r2 still reads it
+    assert store.uploads.get("u1") is None and store.uploads.get("u2") is not None
+    assert store.uploads.feedback("r1") == [] and store.uploads.of_run("r1") == []
 
 
 def test_json_columns_are_json(store: Store) -> None:
-    store.create_run(_run("r1", request={"a": [1, 2]}))
-    row = store._read("SELECT request_json, usage_json FROM runs WHERE id = 'r1'")[0]
+    store.runs.create(_run("r1", request={"a": [1, 2]}))
+    row = store.read("SELECT request_json, usage_json FROM runs WHERE id = 'r1'")[0]
     assert json.loads(row[0]) == {"a": [1, 2]} and json.loads(row[1]) == {}
 
 
@@ -445,54 +469,54 @@ def _held(store: Store) -> threading.Event:
 
 
 def test_a_failing_write_leaves_its_batch_neighbours(store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    store.create_run(_run("r1"))
+    store.runs.create(_run("r1"))
     release = _held(store)
-    store.queue_event("r1", "warning", {"n": 1})
-    missing = store.submit(store.update_run, "ghost", status="failed")
-    store.queue_event("ghost", "warning", {})  # no such run: dropped, and said so
-    store.queue_event("r1", "warning", {"n": 2})
-    answered = store.submit(store.update_run, "r1", answer="a")
+    store.runs.queue_event("r1", "warning", {"n": 1})
+    missing = store.submit(store.runs.update, "ghost", status="failed")
+    store.runs.queue_event("ghost", "warning", {})  # no such run: dropped, and said so
+    store.runs.queue_event("r1", "warning", {"n": 2})
+    answered = store.submit(store.runs.update, "r1", answer="a")
     release.set()
     with pytest.raises(KeyError, match="ghost"):
         missing.result(10)
     assert answered.result(10) is None
     store.flush()
-    assert [(e["seq"], e["data"]) for e in store.events("r1")] == [(1, {"n": 1}), (2, {"n": 2})]
-    assert store.get_run("r1").answer == "a"
-    assert "no run 'ghost'; create_run() before appending events" in caplog.text
+    assert [(e["seq"], e["data"]) for e in store.runs.events("r1")] == [(1, {"n": 1}), (2, {"n": 2})]
+    assert store.runs.get("r1").answer == "a"
+    assert "no run 'ghost'; runs.create() before appending events" in caplog.text
 
 
 def test_a_lone_failing_write_is_undone_and_never_published(store: Store) -> None:
     """A batch of one job commits without a savepoint; when that job fails, nothing of it stays."""
-    store.create_run(_run("r1"))
+    store.runs.create(_run("r1"))
     seen: list[Event] = []
     store.add_listener(seen.extend)
 
     def append_then_fail() -> None:
-        store.append_event("r1", "warning", {"n": 1})  # joins the open transaction
+        store.runs.append_event("r1", "warning", {"n": 1})  # joins the open transaction
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         store.submit(append_then_fail).result(10)
-    store.append_event("r1", "warning", {"n": 2})  # the writer goes on
+    store.runs.append_event("r1", "warning", {"n": 2})  # the writer goes on
     store.flush()
-    assert [(e["seq"], e["data"]) for e in store.events("r1")] == [(1, {"n": 2})]
+    assert [(e["seq"], e["data"]) for e in store.runs.events("r1")] == [(1, {"n": 2})]
     assert [e["data"] for e in seen if e["kind"] == "warning"] == [{"n": 2}]
 
 
 @pytest.mark.anyio
 async def test_write_awaits_the_commit_and_a_cancelled_caller_does_not_undo_it(store: Store) -> None:
-    await store.write(store.create_run, _run("r1"))
-    assert store.get_run("r1") is not None  # committed when write() returns
+    await store.write(store.runs.create, _run("r1"))
+    assert store.runs.get("r1") is not None  # committed when write() returns
     release = await asyncio.to_thread(_held, store)
-    waiting = asyncio.create_task(store.write(store.update_run, "r1", status="running"))
+    waiting = asyncio.create_task(store.write(store.runs.update, "r1", status="running"))
     await asyncio.sleep(0.05)
     waiting.cancel()
     release.set()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     await asyncio.to_thread(store.flush)
-    assert store.get_run("r1").status == "running"
+    assert store.runs.get("r1").status == "running"
 
 
 def test_migration_to_a_global_event_order_keeps_every_event(tmp_path: Path) -> None:
@@ -510,31 +534,31 @@ def test_migration_to_a_global_event_order_keeps_every_event(tmp_path: Path) -> 
         )
     conn.close()
     with Store(path) as store:
-        assert [(e["seq"], e["data"]) for e in store.events("old")] == [(1, {"seq": 1}), (2, {"seq": 2})]
-        assert store.append_event("old", "warning", {})["seq"] == 3
-        events, cursor = store.events_since(0, 10)
+        assert [(e["seq"], e["data"]) for e in store.runs.events("old")] == [(1, {"seq": 1}), (2, {"seq": 2})]
+        assert store.runs.append_event("old", "warning", {})["seq"] == 3
+        events, cursor = store.runs.events_since(0, 10)
     assert [e["seq"] for e in events] == [1, 2, 3] and cursor == 3
 
 
 def test_events_since_follows_every_run_by_one_cursor(tmp_path: Path) -> None:
     with Store(tmp_path / "fleet.db") as here, Store(tmp_path / "fleet.db") as there:
-        here.create_run(_run("mine"))
-        there.create_run(_run("theirs"))
-        here.append_event("mine", "warning", {})
-        start = here.event_cursor()
-        assert here.events_since(start, 10) == ([], start)
+        here.runs.create(_run("mine"))
+        there.runs.create(_run("theirs"))
+        here.runs.append_event("mine", "warning", {})
+        start = here.runs.event_cursor()
+        assert here.runs.events_since(start, 10) == ([], start)
         for _ in range(3):
-            there.append_event("theirs", "warning", {})
-            here.append_event("mine", "warning", {})
-        events, cursor = here.events_since(start, 10)
+            there.runs.append_event("theirs", "warning", {})
+            here.runs.append_event("mine", "warning", {})
+        events, cursor = here.runs.events_since(start, 10)
         assert [(e["run_id"], e["seq"]) for e in events] == [("theirs", 1), ("mine", 2), ("theirs", 2), ("mine", 3),
                                                              ("theirs", 3), ("mine", 4)]  # fmt: skip
         # This store's own runs reach its listeners live: a tail can leave them out.
-        assert here.writes("mine") and not here.writes("theirs")
-        others, same = here.events_since(start, 10, others_only=True)
+        assert here.runs.writes("mine") and not here.runs.writes("theirs")
+        others, same = here.runs.events_since(start, 10, others_only=True)
         assert [e["seq"] for e in others] == [1, 2, 3] and same == cursor
-        first_page, after = here.events_since(start, 4)
-        assert first_page == events[:4] and here.events_since(after, 10)[0] == events[4:]
-        here.delete_run("mine")  # deleted events' places are never reused
-        there.append_event("theirs", "warning", {})
-        assert [e["seq"] for e in here.events_since(cursor, 10)[0]] == [4]
+        first_page, after = here.runs.events_since(start, 4)
+        assert first_page == events[:4] and here.runs.events_since(after, 10)[0] == events[4:]
+        here.runs.delete("mine")  # deleted events' places are never reused
+        there.runs.append_event("theirs", "warning", {})
+        assert [e["seq"] for e in here.runs.events_since(cursor, 10)[0]] == [4]

@@ -19,5 +19,5 @@ def seed_runs(home: Path) -> None:
         for n, run_id in enumerate((OLDEST, MIDDLE, NEWEST, EVAL), start=1):
             kind = "eval" if run_id == EVAL else "run"
             done = RunRecord(id=run_id, question=f"question {n}", status="succeeded", created_at=1.7e9 + n, kind=kind)
-            store.create_run(done)
-            store.append_event(run_id, "run.started", {"question": f"question {n}"})
+            store.runs.create(done)
+            store.runs.append_event(run_id, "run.started", {"question": f"question {n}"})

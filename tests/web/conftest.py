@@ -22,6 +22,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from fleet_rlm.mcp.server import http_app as mcp_face
 from fleet_rlm.web.app import create_app
 from tests.support import fake_sandbox
 from tests.support.asgi_server import serve_asgi
@@ -61,8 +62,9 @@ async def running(app: Starlette) -> AsyncIterator[Starlette]:
 
 @asynccontextmanager
 async def api_client(**options: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of a fresh app (its own Engine), authenticated with the bearer token."""
-    app = create_app(token=TOKEN, port=8000, **options)
+    """A client of a fresh app (its own Engine, MCP at /mcp as `fleet web` serves it), authenticated
+    with the bearer token."""
+    app = create_app(token=TOKEN, port=8000, **{"mcp": mcp_face, **options})
     async with running(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE, headers=AUTH, timeout=60) as client:

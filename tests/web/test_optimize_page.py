@@ -108,9 +108,10 @@ def _failing_version(home: Path) -> str:
     scores = {"train_before": 1.0, "train_after": 0.0, "holdout_before": 1.0, "holdout_after": 0.0, "n_train": 4,
               "n_holdout": 1}  # fmt: skip
     with Store(home / "fleet.db") as store:
-        store.add_program_version({"id": "vfailing", "base_id": None, "optimization_id": None, "dataset_id": None,
-                                   "optimizer": "gepa", "metric": "exact", "scores": scores, "state": builtin_state(),
-                                   "changes": {}, "created_at": time.time()})  # fmt: skip
+        store.optimize.add_program_version({"id": "vfailing", "base_id": None, "optimization_id": None,
+                                            "dataset_id": None, "optimizer": "gepa", "metric": "exact",
+                                            "scores": scores, "state": builtin_state(), "changes": {},
+                                            "created_at": time.time()})  # fmt: skip
     return "vfailing"
 
 

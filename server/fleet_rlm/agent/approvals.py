@@ -242,7 +242,7 @@ class ApprovalGate(FunctionMiddleware):
             return
         response = context.metadata.get("approval_response")
         approval_id = getattr(response, "id", None)
-        approval = self.store.get_approval(approval_id) if approval_id else None
+        approval = self.store.agent.get_approval(approval_id) if approval_id else None
         if approval is None:
             context.result = "Not done: this call has no approval record, so it was not run."
             return
@@ -252,7 +252,7 @@ class ApprovalGate(FunctionMiddleware):
         if approval["status"] != "approved":
             context.result = f"Not done: the approval is {approval['status']}."
             return
-        claimed = await self.store.write(self.store.claim_execution, approval_id)
+        claimed = await self.store.write(self.store.agent.claim_execution, approval_id)
         if claimed is None:
             context.result = "Not run again: this approved call ran already."
             return

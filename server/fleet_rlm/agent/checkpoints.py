@@ -148,23 +148,25 @@ class StoreCheckpointStorage:
 
     async def save(self, checkpoint: WorkflowCheckpoint) -> str:
         row = {"format": FORMAT, "checkpoint": to_data(checkpoint.to_dict())}
-        await self.store.write(self.store.save_checkpoint, checkpoint.checkpoint_id, checkpoint.workflow_name, row)
+        await self.store.write(
+            self.store.agent.save_checkpoint, checkpoint.checkpoint_id, checkpoint.workflow_name, row
+        )
         return checkpoint.checkpoint_id
 
     async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
-        row = self.store.load_checkpoint(checkpoint_id)
+        row = self.store.agent.load_checkpoint(checkpoint_id)
         if row is None:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
         return _decode(row)
 
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
-        return [_decode(row) for row in self.store.workflow_checkpoints(workflow_name)]
+        return [_decode(row) for row in self.store.agent.workflow_checkpoints(workflow_name)]
 
     async def delete(self, checkpoint_id: str) -> bool:
-        return await self.store.write(self.store.delete_checkpoint, checkpoint_id)
+        return await self.store.write(self.store.agent.delete_checkpoint, checkpoint_id)
 
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
-        rows = self.store.workflow_checkpoints(workflow_name)
+        rows = self.store.agent.workflow_checkpoints(workflow_name)
         return _decode(rows[-1]) if rows else None
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:

@@ -30,7 +30,7 @@ from fleet_rlm.agent.tools import TurnContext
 from fleet_rlm.agent.turn import history, run_segment
 from fleet_rlm.errors import Conflict, FleetError, NotFound, UserError
 from fleet_rlm.redaction import redact_text
-from fleet_rlm.store.store import owner_alive, process_start
+from fleet_rlm.store.owners import owner_alive, process_start
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -114,7 +114,7 @@ class AgentHost:
         pid = os.getpid()
         self._owner = (pid, socket.gethostname(), process_start(pid))
         self._live: dict[str, Feed] = {}  # conversation id -> the segment running here now
-        self.store.interrupt_turns(self._gone)
+        self.store.agent.interrupt_turns(self._gone)
 
     @classmethod
     def of(cls, engine: Engine) -> AgentHost:
@@ -145,7 +145,7 @@ class AgentHost:
             content = Content.from_function_result(approval["call_id"], result=EXPIRED_RESULT)
             return Message(role="tool", contents=[content]).to_dict()
 
-        return [views.Approval(**a) for a in self.store.expire_approvals(result)]
+        return [views.Approval(**a) for a in self.store.agent.expire_approvals(result)]
 
     # -- conversations ------------------------------------------------------------------------------
 
@@ -157,12 +157,12 @@ class AgentHost:
         conversation_id = new_id("c")
         title = conversation_title(title or "") or "New conversation"
         await self.store.write(
-            self.store.create_conversation, conversation_id, title, f"chat-{conversation_id}", volume
+            self.store.agent.create_conversation, conversation_id, title, f"chat-{conversation_id}", volume
         )
         return self.conversation(conversation_id)
 
     def _row(self, conversation_id: str) -> dict[str, Any]:
-        row = self.store.get_conversation(conversation_id)
+        row = self.store.agent.get_conversation(conversation_id)
         if row is None:
             raise NotFound(
                 f"no conversation '{conversation_id}': list them with GET /api/conversations, "
@@ -172,27 +172,27 @@ class AgentHost:
 
     def list_conversations(self, limit: int = 50, offset: int = 0) -> views.ConversationList:
         self.expire()
-        rows = self.store.list_conversations(limit=limit, offset=offset)
+        rows = self.store.agent.list_conversations(limit=limit, offset=offset)
         return views.ConversationList(
             conversations=[views.ConversationSummary(**r) for r in rows], pending_approvals=self.pending_approvals()
         )
 
     def conversation(self, conversation_id: str) -> views.Conversation:
         self.expire()
-        self.store.interrupt_turns(self._gone)
+        self.store.agent.interrupt_turns(self._gone)
         row = self._row(conversation_id)
-        active = self.store.active_turn(conversation_id)
+        active = self.store.agent.active_turn(conversation_id)
         store = self.store
         return views.Conversation(
             **{k: row[k] for k in ("id", "title", "session_id", "volume", "created_at", "updated_at")},
             status=active["status"] if active else "idle",
             grants=row["grants"] or [],
             mcp_servers=row["mcp_servers"] or [],
-            messages=[views.ChatMessage.model_validate(m) for m in store.messages(conversation_id)],
-            approvals=[views.Approval(**a) for a in store.list_approvals(conversation_id=conversation_id)],
-            runs=[views.LinkedRun(**r) for r in store.conversation_runs(conversation_id)],
-            attachments=[views.Attachment(**a) for a in store.attachments(conversation_id)],
-            audit=[views.AuditEntry(**e) for e in store.audit(conversation_id)],
+            messages=[views.ChatMessage.model_validate(m) for m in store.agent.messages(conversation_id)],
+            approvals=[views.Approval(**a) for a in store.agent.list_approvals(conversation_id=conversation_id)],
+            runs=[views.LinkedRun(**r) for r in store.agent.conversation_runs(conversation_id)],
+            attachments=[views.Attachment(**a) for a in store.agent.attachments(conversation_id)],
+            audit=[views.AuditEntry(**e) for e in store.agent.audit(conversation_id)],
         )
 
     async def attach(self, conversation_id: str, upload_ids: list[str]) -> None:
@@ -201,14 +201,21 @@ class AgentHost:
 
         self._row(conversation_id)
         upload_paths(self.store, self.settings, upload_ids)  # NotFound names an unknown upload
-        await self.store.write(self.store.attach, conversation_id, list(dict.fromkeys(upload_ids)))
+        await self.store.write(self.store.agent.attach, conversation_id, list(dict.fromkeys(upload_ids)))
+
+    def approvals(
+        self, *, status: str | None = None, conversation_id: str | None = None, turn_id: str | None = None
+    ) -> list[views.Approval]:
+        """Approvals, oldest first: all of them, or those with this status, conversation or turn."""
+        rows = self.store.agent.list_approvals(status=status, conversation_id=conversation_id, turn_id=turn_id)
+        return [views.Approval(**a) for a in rows]
 
     def pending_approvals(self) -> list[views.Approval]:
-        return [views.Approval(**a) for a in self.store.list_approvals(status="pending")]
+        return self.approvals(status="pending")
 
     def audit(self, conversation_id: str | None = None, limit: int = 200) -> views.AuditLog:
         self.expire()
-        return views.AuditLog(entries=[views.AuditEntry(**e) for e in self.store.audit(conversation_id, limit)])
+        return views.AuditLog(entries=[views.AuditEntry(**e) for e in self.store.agent.audit(conversation_id, limit)])
 
     # -- turns --------------------------------------------------------------------------------------
 
@@ -219,7 +226,7 @@ class AgentHost:
         if not text.strip():
             raise UserError("the message is empty: say what you want")
         self.expire()
-        self.store.interrupt_turns(self._gone)
+        self.store.agent.interrupt_turns(self._gone)
         conv = self._row(conversation_id)
         if upload_ids:
             await self.attach(conversation_id, upload_ids)
@@ -227,11 +234,11 @@ class AgentHost:
         turn_id = new_id("t")
         feed = self._reserve(conversation_id)
         try:
-            await self.store.write(self.store.create_turn, turn_id, conversation_id, self._owner)
-            rows = self.store.messages(conversation_id)
+            await self.store.write(self.store.agent.create_turn, turn_id, conversation_id, self._owner)
+            rows = self.store.agent.messages(conversation_id)
             message = Message(role="user", contents=[text])
             await self.store.write(
-                self.store.add_message, conversation_id, turn_id, "user", "text", message.to_dict(), text=text
+                self.store.agent.add_message, conversation_id, turn_id, "user", "text", message.to_dict(), text=text
             )
         except BaseException as exc:
             self._live.pop(conversation_id, None)
@@ -245,14 +252,14 @@ class AgentHost:
     ) -> tuple[views.Approval, Feed | None]:
         """Decide an approval; when it was the turn's last pending one, the turn resumes (follow the feed)."""
         self.expire()
-        known = self.store.get_approval(approval_id)
+        known = self.store.agent.get_approval(approval_id)
         if known is None:
             raise NotFound(f"no approval '{approval_id}': answer one of the conversation's pending approvals")
         # Reserved first: once the store says the turn is ours to resume, nothing may take it for dead.
         feed = self._reserve(known["conversation_id"])
         try:
             row, claimed = await self.store.write(
-                self.store.decide_approval,
+                self.store.agent.decide_approval,
                 approval_id,
                 approve,
                 actor,
@@ -281,7 +288,7 @@ class AgentHost:
         return feed
 
     def _busy(self, conversation_id: str, why: str) -> Conflict:
-        pending = self.store.list_approvals(status="pending", conversation_id=conversation_id)
+        pending = self.store.agent.list_approvals(status="pending", conversation_id=conversation_id)
         fix = f"answer approval {pending[0]['id']} first" if pending else "wait for it to finish"
         return Conflict(f"this conversation is busy ({why}): {fix}")
 
@@ -329,7 +336,7 @@ class AgentHost:
             end["error"] = redact_text(end["error"]) if end["error"] else None  # it reaches every face
             if end["status"] != "paused":
                 with contextlib.suppress(Exception):
-                    await self.store.write(self.store.finish_turn, turn_id, end["status"], end["error"])
+                    await self.store.write(self.store.agent.finish_turn, turn_id, end["status"], end["error"])
             self._live.pop(conv["id"], None)
             feed.put(end)
             feed.close()
@@ -364,7 +371,9 @@ class AgentHost:
                     "decided_at": now if actor else None,
                 }
             )
-        recorded = [views.Approval(**r) for r in await self.store.write(self.store.record_approvals, tc.turn_id, rows)]
+        recorded = [
+            views.Approval(**r) for r in await self.store.write(self.store.agent.record_approvals, tc.turn_id, rows)
+        ]
         for approval in recorded:
             kind = "approval.requested" if approval.status == "pending" else "approval.decided"
             tc.emit({"kind": kind, "approval": approval.model_dump(mode="json")})

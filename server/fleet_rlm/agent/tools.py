@@ -120,7 +120,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         if bad:
             raise UserError(f"only volume paths ('vol:NAME/PATH') can be read, not {', '.join(bad)}")
         upload_ids = (
-            [a["upload_id"] for a in tc.store.attachments(tc.conversation["id"])] if include_attachments else []
+            [a["upload_id"] for a in tc.store.agent.attachments(tc.conversation["id"])] if include_attachments else []
         )
         if not paths and not upload_ids and not context_text:
             raise UserError("nothing to read: attach a file, give volume_paths, or pass context_text")
@@ -293,7 +293,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
             raise UserError(f"MCP server name {name!r}: use letters, digits, '_' or '-', starting with a letter")
         servers = [s for s in tc.conversation.get("mcp_servers") or [] if s["name"] != name]
         servers.append({"name": name, "command": command, "args": list(args or []), "added_at": time.time()})
-        await tc.store.write(tc.store.set_mcp_servers, tc.conversation["id"], servers)
+        await tc.store.write(tc.store.agent.set_mcp_servers, tc.conversation["id"], servers)
         tc.conversation["mcp_servers"] = servers
         # This turn's tool list is fixed when it starts: the servers are opened at the start of the next one.
         return f"added MCP server '{name}': its tools are yours from the user's next message on, not in this reply"
@@ -324,7 +324,7 @@ async def _in_turn(tc: TurnContext, run_id: str) -> Any:
     stopped turn stops its run."""
     engine = tc.engine
     tc.runs.append(run_id)
-    await tc.store.write(tc.store.link_run, tc.conversation["id"], run_id, tc.turn_id)
+    await tc.store.write(tc.store.agent.link_run, tc.conversation["id"], run_id, tc.turn_id)
     tc.emit({"kind": "run.started", "run_id": run_id})
 
     async def progress(_events: int, line: str) -> None:

@@ -61,7 +61,7 @@ class Segment:
 
 def instructions(tc: TurnContext) -> str:
     conv = tc.conversation
-    files = tc.store.attachments(conv["id"])
+    files = tc.store.agent.attachments(conv["id"])
     attached = ", ".join(f"{a['name']} ({a['size']} bytes)" for a in files) or "none"
     return (
         f"{INSTRUCTIONS}\n\nThis conversation's volume: {conv['volume']}. Attached files: {attached}."
@@ -88,7 +88,7 @@ class Recorder:
 
     async def _store(self, role: str, kind: str, af: Message, **fields: Any) -> None:
         store, conv = self.tc.store, self.tc.conversation
-        await store.write(store.add_message, conv["id"], self.tc.turn_id, role, kind, af.to_dict(), **fields)
+        await store.write(store.agent.add_message, conv["id"], self.tc.turn_id, role, kind, af.to_dict(), **fields)
 
     async def flush(self) -> None:
         if self.text:
@@ -140,7 +140,7 @@ class Recorder:
                 )
 
     def _tool_of(self, call_id: str) -> str | None:
-        for row in self.tc.store.messages(self.tc.conversation["id"]):
+        for row in self.tc.store.agent.messages(self.tc.conversation["id"]):
             if row["call_id"] == call_id and row["kind"] == "tool_call":
                 return str(row["tool"])
         return None
@@ -153,7 +153,7 @@ async def run_segment(tc: TurnContext, *, new_messages: list[Message] | None) ->
     name = workflow_name(tc.turn_id)
     seen = {
         f"{'call' if r['kind'] == 'tool_call' else 'result'}:{r['call_id']}"
-        for r in store.messages(tc.conversation["id"])
+        for r in store.agent.messages(tc.conversation["id"])
         if r["turn_id"] == tc.turn_id and r["call_id"]
     }
     recorder = Recorder(tc, seen)

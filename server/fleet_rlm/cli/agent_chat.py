@@ -175,7 +175,7 @@ class AgentChat(Chat):
             with path.open("rb") as source:
                 while chunk := source.read(1 << 20):
                     writer.write(chunk)
-            ids.append(writer.commit(self.engine.workspace.store)["upload_id"])
+            ids.append(writer.commit(self.engine.workspace)["upload_id"])
         await self.host.attach(await self._conversation(), ids)
         print(f"attached {', '.join(p.name for p in paths)}")
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet_rlm import __version__
 from fleet_rlm.cli.common import Parser, fail, limit_argument, not_negative, positive, since_date
 from fleet_rlm.limits import LIMITS, MAX_ITERS, check_limits  # a leaf module: --help stays fast
 from fleet_rlm.types import STATUSES  # a leaf module: --help stays fast
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from fleet_rlm.core.engine import Engine
 
 Handler = Callable[[argparse.Namespace], int]
 TRACE_MODES = ["compact", "verbose", "off"]
@@ -266,7 +271,7 @@ def _handler(name: str) -> Handler:
     elif name == "serve-mcp":
         return _serve_mcp
     elif name == "web":
-        from fleet_rlm.web import serve as mod  # type: ignore[no-redef]
+        return _web
     elif name == "desktop":
         from fleet_shell import launch as mod  # type: ignore[no-redef]  # the desktop face's entry point
     elif name in {"dataset", "optimize", "programs"}:
@@ -287,6 +292,21 @@ def _serve_mcp(args: argparse.Namespace) -> int:
     argv = ["--transport", args.transport, "--host", args.host, "--port", str(args.port)]
     flags = [flag for flag, on in (("--allow-remote", args.allow_remote), ("--no-auth", args.no_auth)) if on]
     return mcp_main(argv + flags)
+
+
+def _web(args: argparse.Namespace) -> int:
+    """Entry-point wiring only: ``fleet web`` is handed the MCP face it serves at ``/mcp``."""
+    from fleet_rlm.web.serve import cmd_web
+
+    return cmd_web(args, mcp=_mcp_over_http)
+
+
+def _mcp_over_http(engine: Engine, *, token: str | None, host: str, port: int | None, allow_remote: bool) -> ASGIApp:
+    """The MCP face's HTTP app, imported only when the web app mounts it (off its event loop): the
+    MCP SDK takes a second or two to import, and ``/health`` answers before that."""
+    from fleet_rlm.mcp.server import http_app
+
+    return http_app(engine, token=token, host=host, port=port, allow_remote=allow_remote)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

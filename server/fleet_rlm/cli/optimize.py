@@ -11,7 +11,7 @@ import asyncio
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -19,6 +19,9 @@ from rich.text import Text
 from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import LiveLine
 from fleet_rlm.errors import UserError
+
+if TYPE_CHECKING:
+    from fleet_rlm.optimize.views import DatasetDetail
 
 
 def _workspace() -> Any:
@@ -43,38 +46,31 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 def _dataset_import(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
-    from fleet_rlm.optimize.views import DatasetDetail
 
     if bool(args.file) == bool(args.feedback):
         raise UserError("give a JSONL file (or - for stdin) or --feedback (runs people judged), not both")
-    skipped: list[str] = []
-    if args.feedback:
-        with _workspace() as ws:
-            rows, skipped = datasets.rows_from_feedback(ws.store)
-        source = "feedback"
-        if not rows:
-            raise UserError("no judged run can be replayed: mark answers right or wrong first"
-                            + (f" ({'; '.join(skipped[:3])})" if skipped else ""))  # fmt: skip
-    elif args.file == "-":
-        rows, source = datasets.parse_jsonl(sys.stdin, Path.cwd()), "jsonl"
-    else:
+    rows: list[dict[str, Any]] = []
+    if args.file == "-":
+        rows = datasets.parse_jsonl(sys.stdin, Path.cwd())
+    elif args.file:
         path = Path(args.file).expanduser()
         if not path.is_file():
             raise UserError(f"'{args.file}' is not a file: give a JSONL file, one JSON object per line")
         with path.open(encoding="utf-8") as lines:
-            rows, source = datasets.parse_jsonl(lines, path.resolve().parent), "jsonl"
+            rows = datasets.parse_jsonl(lines, path.resolve().parent)
 
-    async def save() -> dict[str, Any]:
+    async def save() -> DatasetDetail:
         with _workspace() as ws:
-            made = await datasets.create(ws.store, args.name, rows, source=source, holdout=args.holdout, seed=args.seed)
-            return {**made, "rows": ws.store.dataset_rows(made["id"])}
+            if args.feedback:
+                return await datasets.create_from_feedback(ws, args.name, holdout=args.holdout, seed=args.seed)
+            return await datasets.create(ws, args.name, rows, source="jsonl", holdout=args.holdout, seed=args.seed)
 
     made = asyncio.run(save())
     if args.json:
-        print_json(_dump(DatasetDetail(**made, skipped=skipped)))
+        print_json(_dump(made))
     else:
-        print(f"dataset {made['name']}: {made['train']} train and {made['holdout']} holdout rows")
-        for reason in skipped:
+        print(f"dataset {made.name}: {made.train} train and {made.holdout} holdout rows")
+        for reason in made.skipped:
             print(f"skipped {reason}", file=sys.stderr)
     return 0
 
@@ -83,16 +79,16 @@ def _dataset_export(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
 
     with _workspace() as ws:
-        for line in datasets.export_lines(ws.store, args.name):
+        for line in datasets.export_lines(ws, args.name):
             sys.stdout.write(line)
     return 0
 
 
 def _dataset_ls(args: argparse.Namespace) -> int:
-    from fleet_rlm.optimize.views import DatasetInfo
+    from fleet_rlm.optimize import datasets
 
     with _workspace() as ws:
-        found = [DatasetInfo(**d) for d in ws.store.list_datasets()]
+        found = datasets.list_datasets(ws).datasets
     if args.json:
         print_json([_dump(d) for d in found])
         return 0
@@ -105,11 +101,9 @@ def _dataset_ls(args: argparse.Namespace) -> int:
 
 def _dataset_show(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
-    from fleet_rlm.optimize.views import DatasetDetail
 
     with _workspace() as ws:
-        found = datasets.require(ws.store, args.name)
-        detail = DatasetDetail(**found, rows=ws.store.dataset_rows(found["id"]))
+        detail = datasets.detail(ws, args.name)
     if args.json:
         print_json(_dump(detail))
         return 0
@@ -179,7 +173,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         async with Engine(settings_for(args)) as engine:
             opt_id, guess = await runner.start(engine, req)
             await OptimizeProgress(console).follow(engine, opt_id)
-            return runner.state(engine.workspace.store, opt_id), guess
+            return runner.state(engine.workspace, opt_id), guess
 
     final, guess = asyncio.run(go())
     if args.json:
@@ -218,9 +212,8 @@ def cmd_programs(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import versions
 
     with _workspace() as ws:
-        store = ws.store
         if args.action == "ls":
-            listing = versions.list_versions(store)
+            listing = versions.list_versions(ws)
             if args.json:
                 print_json(_dump(listing))
                 return 0
@@ -231,23 +224,23 @@ def cmd_programs(args: argparse.Namespace) -> int:
                       f" -> {_f(s.train_after)}  holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)}")  # fmt: skip
             return 0
         if args.action in ("show", "compare"):
-            view = versions.show(store, args.version) if args.action == "show" else versions.compare(
-                store, args.a, args.b)  # fmt: skip
+            view = versions.show(ws, args.version) if args.action == "show" else versions.compare(
+                ws, args.a, args.b)  # fmt: skip
             if args.json:
                 print_json(_dump(view))
             else:
-                print("\n".join(_version_lines(store, view) if args.action == "show" else _comparison_lines(view)))
+                print("\n".join(_version_lines(ws, view) if args.action == "show" else _comparison_lines(view)))
             return 0
         if args.action == "promote":
             try:
                 shown = asyncio.run(
-                    versions.promote(store, args.version, override=args.override, tolerance=args.tolerance)
+                    versions.promote(ws, args.version, override=args.override, tolerance=args.tolerance)
                 )
             except versions.GateRefused as exc:
                 raise versions.GateRefused(f"{exc.message} (--override REASON)") from None
             result = {"active": shown.id, "override": bool(args.override)}
         else:
-            result = {"active": asyncio.run(versions.rollback(store))}
+            result = {"active": asyncio.run(versions.rollback(ws))}
     if args.json:
         print_json(result)
     else:
@@ -258,15 +251,16 @@ def cmd_programs(args: argparse.Namespace) -> int:
 DIFF_LINES = 20  # of each predictor's instruction diff, in the human view
 
 
-def _version_lines(store: Any, v: Any) -> list[str]:
+def _version_lines(ws: Any, v: Any) -> list[str]:
     """A version for people: where it came from, its scores, what it changed (summarized)."""
-    dataset = store.get_dataset(v.dataset_id) if v.dataset_id else None
+    from fleet_rlm.optimize import datasets
+
+    dataset = datasets.name_of(ws, v.dataset_id) if v.dataset_id else None
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.created_at))
     s = v.scores
     lines = [
         f"version {v.id}" + (" (active)" if v.active else ""),
-        f"{v.optimizer} · metric {v.metric} · dataset {dataset['name'] if dataset else v.dataset_id} · "
-        f"base {v.base_id or 'builtin'} · {when}",
+        f"{v.optimizer} · metric {v.metric} · dataset {dataset} · base {v.base_id or 'builtin'} · {when}",
         f"train {_f(s.train_before)} -> {_f(s.train_after)} ({s.n_train} rows)",
         f"holdout {_f(s.holdout_before)} -> {_f(s.holdout_after)} ({s.n_holdout} rows)",
         f"promotion gate: {'passes' if v.gate.passed else 'fails'} ({v.gate.reason})",

@@ -82,37 +82,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status_exit(result.status)
 
 
-def _workspace() -> Any:
-    """The read side only: no DSPy, so these commands start instantly."""
+def _workspace(*, secrets: bool = False) -> Any:
+    """The read side only: no DSPy, so these commands start instantly. The keyring is asked only
+    for a file made to be shared (``secrets``): its second net masks the configured secrets."""
     from fleet_rlm.config import load_settings
     from fleet_rlm.core.workspace import Workspace
 
-    return Workspace.open(load_settings())
+    return Workspace.open(load_settings(secrets=secrets))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from fleet_rlm.core.views import lineage_line, lineage_of
+    from fleet_rlm.core.views import lineage_line, lineage_of, run_summary
 
     with _workspace() as ws:
         rows = ws.runs(limit=args.limit, status=args.status)
     if args.json:
-        print_json(
-            [
-                {
-                    "run_id": r.id,
-                    "status": r.status,
-                    "question": r.question,
-                    "answer": r.answer,
-                    "created_at": r.created_at,
-                    "iterations": r.iterations,
-                    "llm_calls": r.llm_calls,
-                    "session_id": r.session_id,
-                    "pinned": r.pinned,
-                    **lineage_of(r),
-                }
-                for r in rows
-            ]
-        )
+        print_json([run_summary(r).model_dump(mode="json") for r in rows])
         return 0
     if not rows and args.status:
         print(f"no {args.status} runs: `fleet-rlm runs` lists them all")
@@ -137,8 +122,8 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_trace(run_id: str) -> tuple[Any, list[dict[str, Any]]]:
-    with _workspace() as ws:
+def _load_trace(run_id: str, *, secrets: bool = False) -> tuple[Any, list[dict[str, Any]]]:
+    with _workspace(secrets=secrets) as ws:
         row = ws.run(run_id)
         return row, ws.events(row.id)
 
@@ -163,7 +148,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "rlms":
         from fleet_rlm.core.export_rlms import rlms_rows
 
-        for row in rlms_rows(_load_trace(args.run_id)[1]):
+        for row in rlms_rows(_load_trace(args.run_id, secrets=True)[1]):
             print(json.dumps(row, ensure_ascii=False))  # one line each: the rlms visualizer reads JSON lines
         return 0
     with _workspace() as ws:
@@ -178,7 +163,7 @@ def _export_html(run_id: str, target: Path, force: bool) -> int:
 
     if target.exists() and not force:  # it may be anything, e.g. an earlier export someone annotated
         raise UserError(f"{target} exists: choose another file, or pass --force to overwrite it")
-    row, events = _load_trace(run_id)
+    row, events = _load_trace(run_id, secrets=True)
     page = run_html(row.id, events)
     target.write_text(page.html, encoding="utf-8")
     print(f"wrote {target} ({page.size:,} bytes)", file=sys.stderr)

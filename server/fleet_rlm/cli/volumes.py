@@ -43,7 +43,10 @@ def cmd_volumes(args: argparse.Namespace) -> int:
     from fleet_rlm.config import load_settings
     from fleet_rlm.volumes import volumes_for
 
-    volumes = volumes_for(load_settings())
+    settings = load_settings(secrets=False)  # local volumes need no key: the keyring stays unasked
+    if settings.sandbox != "local":
+        settings = load_settings()
+    volumes = volumes_for(settings)
     try:
         return _act(volumes, args)
     except NotFound as exc:  # name the command that shows what exists

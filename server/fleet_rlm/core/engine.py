@@ -103,7 +103,7 @@ class Engine:
         self._workspace = Workspace(self.store, lambda: self.volumes)
         self.bus = EventBus(self.store)
         self._telemetry = start_telemetry(self.settings, self.store)  # None unless OpenTelemetry export is on
-        interrupted = self.store.mark_interrupted()
+        interrupted = self.store.runs.mark_interrupted()
         if interrupted:
             log.warning("marked %d run(s) interrupted: their process stopped", len(interrupted))
         self._remove_orphaned_scratch()
@@ -120,7 +120,7 @@ class Engine:
         look at the folders, not at what this start marked."""
         store = self._require_store()
         for folder in self.settings.work_root.iterdir():
-            row = store.get_run(folder.name)
+            row = store.runs.get(folder.name)
             if row is not None and row.status not in ACTIVE_STATUSES:
                 shutil.rmtree(folder, ignore_errors=True)
 
@@ -180,7 +180,7 @@ class Engine:
         if req.session_id and req.session_id not in self._sessions:
             if not SESSION_ID.fullmatch(req.session_id):
                 raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
-            row = self._require_store().get_session(req.session_id)
+            row = self._require_store().sessions.get(req.session_id)
             if row is not None and row.closed_at is not None:
                 raise Conflict(f"session '{req.session_id}' is closed: use a new session id")
 
@@ -204,13 +204,13 @@ class Engine:
         # Once per engine: a wrong model or a closed port, before a run exists; doubts become the run's warnings.
         async with self._preflight:  # a burst of first runs waits for one check, not one each
             doubts = await preflight(*self.models()) if live else []
-        if req.session_id and store.get_session(req.session_id) is None:
-            await store.write(store.create_session, req.session_id)  # naming a new session starts it
+        if req.session_id and store.sessions.get(req.session_id) is None:
+            await store.write(store.sessions.create, req.session_id)  # naming a new session starts it
         run_id = new_id("r")
-        version = replay.version if replay else store.active_program_version()
+        version = replay.version if replay else store.optimize.active_program_version()
         program = replay.program if replay else self._program_for(version)
         await store.write(
-            store.create_run,
+            store.runs.create,
             RunRecord(
                 id=run_id,
                 session_id=req.session_id,
@@ -261,9 +261,9 @@ class Engine:
     async def _rerun(self, req: RunRequest, rerun: Rerun) -> str:
         run_id = await self.start_run(req, rerun=rerun)
         store = self._require_store()
-        used = store.run_uploads(rerun.source.id)  # the files it reads live as long as a run uses them
+        used = store.uploads.of_run(rerun.source.id)  # the files it reads live as long as a run uses them
         if used:
-            await store.write(store.attach_uploads, run_id, used)
+            await store.write(store.uploads.attach, run_id, used)
         return run_id
 
     def start_task(self, task_id: str, job: Coroutine[Any, Any, None]) -> None:
@@ -279,7 +279,7 @@ class Engine:
 
             program = RLMProgram()
             if version is not None:
-                row = self._require_store().get_program_version(version)
+                row = self._require_store().optimize.get_program_version(version)
                 if row is None:
                     raise ConfigError(
                         f"the active program version '{version}' is missing: "
@@ -341,7 +341,7 @@ class Engine:
         return self._workspace
 
     def get_run(self, run_id: str) -> RunRecord | None:
-        return self._require_store().get_run(run_id)
+        return self._require_store().runs.get(run_id)
 
     def list_runs(self, **filters: Any) -> list[RunRecord]:
         return self.workspace.runs(**filters)
@@ -371,7 +371,7 @@ class Engine:
         emit = self._emit(run_id)
         started = time.time()
         # Queued, not awaited: it commits before the run's events (queue order is commit order).
-        store.submit(store.update_run, run_id, status="running", started_at=started)
+        store.submit(store.runs.update, run_id, status="running", started_at=started)
         limits = limits_for(req, self.settings)
         opening = {"question": req.question[:2000], "limits": limits.__dict__, "session_id": req.session_id}
         emit("run.started", opening | ({"lineage": rerun.lineage} if rerun else {}))
@@ -389,11 +389,16 @@ class Engine:
                 await session.lock.acquire()
                 holds_lock = True
                 if session.lost_state:
-                    emit("warning", {"message": f"session {session.id}: the earlier REPL state is gone (its "
-                                     "sandbox or process stopped); this run starts a fresh REPL"})
+                    emit(
+                        "warning",
+                        {
+                            "message": f"session {session.id}: the earlier REPL state is gone (its "
+                            "sandbox or process stopped); this run starts a fresh REPL"
+                        },
+                    )
                     session.lost_state = False
             # Every run keeps its record; a replay's or fork's tape also answers from its source's.
-            keep = functools.partial(store.keep_record, run_id)
+            keep = functools.partial(store.records.keep, run_id)
             tape = rerun.tape(keep, emit) if rerun else Tape(keep, emit)
             volumes = self._rerun_volumes(rerun, emit) if rerun else self.mounted_volumes(req.volume)
             ctx = self._run_context(run_id, emit, limits, scratch, volumes, program, tape)
@@ -405,23 +410,42 @@ class Engine:
                 for message in sandbox.warnings:
                     emit("warning", {"message": message})
                 if spec.read_only_volumes and volumes and not getattr(sandbox, "volumes_read_only", False):
-                    emit("warning", {"message": "this sandbox cannot mount volumes read-only: what the replayed "
-                                     "code writes to a volume, it writes again"})
+                    emit(
+                        "warning",
+                        {
+                            "message": "this sandbox cannot mount volumes read-only: what the replayed "
+                            "code writes to a volume, it writes again"
+                        },
+                    )
                 staged = await load_inputs(
-                    sandbox, ctx.inputs_file("root"), req.question, paths=req.context_paths,
-                    texts=req.context_text, volumes=self.volumes, roots=self.settings.allowed_context_roots,
-                    keep_context=bool(session and session.has_context), include_hidden=req.include_hidden,
+                    sandbox,
+                    ctx.inputs_file("root"),
+                    req.question,
+                    paths=req.context_paths,
+                    texts=req.context_text,
+                    volumes=self.volumes,
+                    roots=self.settings.allowed_context_roots,
+                    keep_context=bool(session and session.has_context),
+                    include_hidden=req.include_hidden,
                 )
                 if staged is not None:
-                    emit("context.loaded", {"chars": staged.length, "sources": len(staged.sources),
-                                            "skipped": staged.skipped[:50], "report": staged.report()})
+                    emit(
+                        "context.loaded",
+                        {
+                            "chars": staged.length,
+                            "sources": len(staged.sources),
+                            "skipped": staged.skipped[:50],
+                            "report": staged.report(),
+                        },
+                    )
                     if session is not None:
                         session.has_context = True
                 await record_inputs(tape, req.context_text, list(volumes), staged)
                 from fleet_rlm.core.node import NodeRuntime
 
-                root = NodeRuntime(ctx, node="root", parent=None, depth=0, query=req.question,
-                                   sandbox=sandbox, staged=staged)
+                root = NodeRuntime(
+                    ctx, node="root", parent=None, depth=0, query=req.question, sandbox=sandbox, staged=staged
+                )
                 result = await ctx.run_node(root)
             status, answer, stop_reason = result.status, result.answer, result.stop_reason
             if answer is None:
@@ -459,9 +483,17 @@ class Engine:
     ) -> RunContext:
         root_lm, sub_lm = self._replay_models() if tape.mode == "replay" else self.models()
         return RunContext(
-            run_id=run_id, settings=self.settings, limits=limits, emit=emit,
-            root_lm=root_lm, sub_lm=sub_lm, program=program, scratch=scratch, volumes=volumes,
-            volume_store=self.volumes, tape=tape,
+            run_id=run_id,
+            settings=self.settings,
+            limits=limits,
+            emit=emit,
+            root_lm=root_lm,
+            sub_lm=sub_lm,
+            program=program,
+            scratch=scratch,
+            volumes=volumes,
+            volume_store=self.volumes,
+            tape=tape,
         )
 
     def _replay_models(self) -> tuple[Any, Any]:
@@ -483,8 +515,16 @@ class Engine:
             emit("warning", {"message": f"volume(s) {', '.join(gone)} the recorded run mounted are gone"})
         return {name: self.volumes.path(name) for name in rerun.volumes if name in names}
 
-    async def _finish(self, run_id: str, ctx: RunContext | None, status: str, answer: str | None,
-                      stop_reason: str | None, error: str | None, started: float) -> None:
+    async def _finish(
+        self,
+        run_id: str,
+        ctx: RunContext | None,
+        status: str,
+        answer: str | None,
+        stop_reason: str | None,
+        error: str | None,
+        started: float,
+    ) -> None:
         """Record the final row, then run.finished; both are durable when this returns."""
         store = self._require_store()
         bus = self.bus
@@ -494,14 +534,32 @@ class Engine:
         llm_calls = ctx.budget.llm_calls if ctx else 0
         finished = time.time()
         # Both queued before the first await, so a cancel landing here cannot leave one out.
-        final_row = store.submit(store.update_run, run_id, status=status, answer=answer, stop_reason=stop_reason,
-                                 error=error, usage=usage, iterations=iterations, llm_calls=llm_calls,
-                                 finished_at=finished)
-        bus.publish(run_id, "run.finished", {
-            "status": status, "answer": answer, "stop_reason": stop_reason, "error": error,
-            "usage": usage, "iterations": iterations, "llm_calls": llm_calls,
-            "seconds": round(finished - started, 3),
-        })
+        final_row = store.submit(
+            store.runs.update,
+            run_id,
+            status=status,
+            answer=answer,
+            stop_reason=stop_reason,
+            error=error,
+            usage=usage,
+            iterations=iterations,
+            llm_calls=llm_calls,
+            finished_at=finished,
+        )
+        bus.publish(
+            run_id,
+            "run.finished",
+            {
+                "status": status,
+                "answer": answer,
+                "stop_reason": stop_reason,
+                "error": error,
+                "usage": usage,
+                "iterations": iterations,
+                "llm_calls": llm_calls,
+                "seconds": round(finished - started, 3),
+            },
+        )
         await bus.flush()
         final_row.result()  # committed by now; raises if the update failed
 
@@ -509,7 +567,7 @@ class Engine:
 
     async def open_session(self, name: str | None = None) -> str:
         session_id = new_id("s")
-        self._require_store().create_session(session_id, name=name)
+        self._require_store().sessions.create(session_id, name=name)
         await self._session(session_id)
         return session_id
 
@@ -519,7 +577,7 @@ class Engine:
             # The REPL's own folder, inside a host-only session folder.
             session = Session(session_id, self.settings.work_root / session_id / "repl")
             # Runs from an earlier process: their REPL state did not survive it.
-            session.lost_state = bool(self._require_store().list_runs(session_id=session_id, limit=2)[1:])
+            session.lost_state = bool(self._require_store().runs.list(session_id=session_id, limit=2)[1:])
             self._sessions[session_id] = session
         box = session.sandbox
         died = box is not None and session.started and not box.alive
@@ -528,7 +586,7 @@ class Engine:
             spec = sandbox_spec(self.settings, session.work_dir, self.mounted_volumes())
             session.sandbox = create_sandbox(self.settings, spec)
             session.has_context = session.started = False
-        self._require_store().touch_session(session_id)
+        self._require_store().sessions.touch(session_id)
         return session
 
     def mounted_volumes(self, only: str | None = None) -> dict[str, Path]:
@@ -553,7 +611,7 @@ class Engine:
         if session is not None:
             await self._discard(session)
         if self.store is not None:
-            self.store.close_session(session_id)
+            self.store.sessions.close(session_id)
 
     async def _reap_idle_sessions(self) -> None:
         while True:

@@ -10,7 +10,7 @@ replayed, then live ones follow with no gaps and no duplicates.
 Events of a run that this process does not run (the CLI runs it, the web app watches) never
 arrive live here, so a subscription tails the store for them: it reads the run's new events
 every 0.1 s while there are some, backing off to 0.5 s when idle, and each read also checks that
-the run's owner still lives (``Store.get_run``), so a killed owner's run ends with its
+the run's owner still lives (``store.runs.get``), so a killed owner's run ends with its
 ``interrupted`` ``run.finished``. ``subscribe(None)`` tails every other process's runs by the
 store's global event order.
 
@@ -104,7 +104,7 @@ class EventBus:
         """Queue the event and return at once; subscribers get it once it is stored (and redacted).
 
         Thread-safe. ``data`` belongs to the bus from here on: do not change it afterwards."""
-        self._store.queue_event(run_id, kind, data, node=node, parent=parent, depth=depth)
+        self._store.runs.queue_event(run_id, kind, data, node=node, parent=parent, depth=depth)
 
     async def flush(self) -> None:
         """Wait until every event published so far is stored and handed to subscribers."""
@@ -152,13 +152,13 @@ class EventBus:
                 last[run_id] = after_seq
                 # Reading the run closes it out if its owner process died: the replay then ends
                 # with that run.finished instead of waiting for events that will never come.
-                await asyncio.to_thread(self._store.get_run, run_id)
+                await asyncio.to_thread(self._store.runs.get, run_id)
                 batch = await self._read_after(run_id, after_seq)
                 if not batch and await self._finished_by(run_id, after_seq):
                     return
-                tail = None if self._store.writes(run_id) else self._tail_run(run_id, last)
+                tail = None if self._store.runs.writes(run_id) else self._tail_run(run_id, last)
             else:
-                tail = self._tail_all(await asyncio.to_thread(self._store.event_cursor))
+                tail = self._tail_all(await asyncio.to_thread(self._store.runs.event_cursor))
             while True:
                 for event in batch:
                     rid, seq = event["run_id"], event["seq"]
@@ -209,8 +209,8 @@ class EventBus:
         """One run that another process writes, from the last seq yielded on."""
 
         def read(after_seq: int) -> list[Event]:
-            self._store.get_run(run_id)  # closes the run out if its owner died: its run.finished follows
-            return self._store.events(run_id, after_seq, _PAGE)
+            self._store.runs.get(run_id)  # closes the run out if its owner died: its run.finished follows
+            return self._store.runs.events(run_id, after_seq, _PAGE)
 
         return _Tail(lambda: asyncio.to_thread(read, last[run_id]))
 
@@ -219,10 +219,10 @@ class EventBus:
 
         def read() -> list[Event]:
             nonlocal cursor
-            self._store.mark_interrupted()  # a dead owner's runs end here too
+            self._store.runs.mark_interrupted()  # a dead owner's runs end here too
             out: list[Event] = []
             while len(out) < _PAGE:  # pages of this process's own events yield nothing: read on
-                events, after = self._store.events_since(cursor, _PAGE, others_only=True)
+                events, after = self._store.runs.events_since(cursor, _PAGE, others_only=True)
                 if after == cursor:
                     break
                 out += events
@@ -235,7 +235,7 @@ class EventBus:
         out: list[Event] = []
         while True:
             # Off the loop thread: a long replay must not stall other clients.
-            page = await asyncio.to_thread(self._store.events, run_id, after_seq, _PAGE)
+            page = await asyncio.to_thread(self._store.runs.events, run_id, after_seq, _PAGE)
             out += page
             if len(page) < _PAGE:
                 return out
@@ -243,8 +243,8 @@ class EventBus:
 
     async def _finished_by(self, run_id: str, after_seq: int) -> bool:
         """True if the run's log already ended with run.finished at seq <= ``after_seq``."""
-        last_seq = await asyncio.to_thread(self._store.last_seq, run_id)
+        last_seq = await asyncio.to_thread(self._store.runs.last_seq, run_id)
         if last_seq == 0 or last_seq > after_seq:
             return False
-        tail = await asyncio.to_thread(self._store.events, run_id, last_seq - 1, 1)
+        tail = await asyncio.to_thread(self._store.runs.events, run_id, last_seq - 1, 1)
         return bool(tail) and tail[0]["kind"] == RUN_FINISHED

@@ -18,39 +18,44 @@ from fleet_rlm.types import ACTIVE_STATUSES
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
-    from fleet_rlm.store import Store
+    from fleet_rlm.core.workspace import Workspace
 
 DAY = 86400.0
 UNUSED_UPLOAD_SECONDS = DAY  # an upload no run took within a day was abandoned
 
 
-def delete_run(store: Store, settings: Settings, run_id: str) -> None:
-    """Delete a finished run with its events, feedback and the uploads no other run uses."""
-    row = store.get_run(run_id)
+def delete_run(workspace: Workspace, settings: Settings, ref: str) -> None:
+    """Delete a finished run (any run reference) with its events, feedback and the uploads no other
+    run uses."""
+    store, run_id = workspace.store, workspace.resolve_run(ref)
+    row = store.runs.get(run_id)
     if row is None:
         raise NotFound(f"no run '{run_id}': it may have been deleted already")
     if row.status in ACTIVE_STATUSES:
         raise Conflict(f"run '{run_id}' is {row.status}: cancel it first, then delete it")
-    remove_upload_files(settings, store.purge_runs([run_id]))
+    remove_upload_files(settings, store.runs.purge([run_id]))
 
 
-def delete_runs_older_than(store: Store, settings: Settings, days: float, now: float | None = None) -> int:
+def delete_runs_older_than(workspace: Workspace, settings: Settings, days: float, now: float | None = None) -> int:
     """Delete every finished run created more than ``days`` ago; returns how many."""
     if not days > 0:
         raise UserError(f"older_than_days must be more than 0, not {days}")
-    ids = store.finished_runs_before((now or time.time()) - days * DAY)
+    store = workspace.store
+    ids = store.runs.finished_before((now or time.time()) - days * DAY)
     if ids:
-        remove_upload_files(settings, store.purge_runs(ids))
+        remove_upload_files(settings, store.runs.purge(ids))
     return len(ids)
 
 
-def apply_retention(store: Store, settings: Settings, now: float | None = None) -> int:
+def apply_retention(workspace: Workspace, settings: Settings, now: float | None = None) -> int:
     """What ``retention_days`` asks for, plus abandoned uploads; returns the runs deleted."""
     now = now or time.time()
-    deleted = delete_runs_older_than(store, settings, settings.retention_days, now) if settings.retention_days else 0
-    unused = store.unused_uploads_before(now - UNUSED_UPLOAD_SECONDS)
+    days = settings.retention_days
+    deleted = delete_runs_older_than(workspace, settings, days, now) if days else 0
+    store = workspace.store
+    unused = store.uploads.unused_before(now - UNUSED_UPLOAD_SECONDS)
     if unused:
-        store.delete_uploads(unused)
+        store.uploads.delete(unused)
         remove_upload_files(settings, unused)
     return deleted
 

@@ -32,7 +32,7 @@ CANCEL_GRACE = 30.0  # seconds a cancelled run gets to stop its sandbox and reco
 def pin_run(workspace: Workspace, ref: str, pinned: bool = True) -> RunSummary:
     """Pin a run (any run reference) so retention keeps it, or unpin it; the run as it now is."""
     run_id = workspace.resolve_run(ref)
-    workspace.store.update_run(run_id, pinned=pinned)
+    workspace.store.runs.update(run_id, pinned=pinned)
     return run_summary(workspace.run(run_id))
 
 

@@ -120,14 +120,14 @@ def fork_point(run_id: str, records: list[Record], at: str, *, code: str | None,
 
 
 def _recorded(store: Store, run_id: str) -> tuple[RunRecord, list[Record]]:
-    source = store.get_run(run_id)
+    source = store.runs.get(run_id)
     if source is None:
         raise NotFound(f"no run '{run_id}': list recent runs with `fleet-rlm runs`")
     if source.kind == "optimize":
         raise UserError(f"'{run_id}' is an optimization, not a run: replay or fork one of its runs instead")
     if source.status in ACTIVE_STATUSES:
         raise Conflict(f"run '{run_id}' is still {source.status}: replay or fork it once it has finished")
-    records = store.records(run_id)
+    records = store.records.list(run_id)
     if not any(r.slot != INPUTS_SLOT for r in records):
         raise UserError(
             f"run '{run_id}' has no record of its model calls to answer from (it ran before fleet-rlm kept "
@@ -140,7 +140,7 @@ def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunReques
     """The source's request, with its texts from the record and the limits it ran with (not today's
     settings: a different step limit changes every status line the model saw)."""
     asked = rerun.source.request or {}
-    ran = next((e["data"].get("limits") or {} for e in store.events(rerun.source.id, limit=1)), {})
+    ran = next((e["data"].get("limits") or {} for e in store.runs.events(rerun.source.id, limit=1)), {})
     limits = {k: ran.get(k, asked.get(k)) for k in LIMITS} | {k: v for k, v in overrides.items() if v is not None}
     inputs = rerun.inputs
     return RunRequest(

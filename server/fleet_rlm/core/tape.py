@@ -129,7 +129,7 @@ class Recorded:
     usage: dict[str, Any]
 
 
-Keep = Callable[[int, str, str, int, dict[str, Any], dict[str, Any]], None]  # store.keep_record without run_id
+Keep = Callable[[int, str, str, int, dict[str, Any], dict[str, Any]], None]  # store.records.keep without run_id
 Emit = Callable[..., Any]  # RunContext.emit
 
 

@@ -23,6 +23,7 @@ from fleet_rlm.errors import NotFound, TooLarge, UserError
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
     from fleet_rlm.core.engine import Engine
+    from fleet_rlm.core.workspace import Workspace
     from fleet_rlm.store import Store
     from fleet_rlm.types import RunRequest
 
@@ -71,9 +72,10 @@ class UploadWriter:
             raise too_large(self.settings)
         self._out.write(chunk)
 
-    def commit(self, store: Store) -> dict[str, Any]:
+    def commit(self, workspace: Workspace) -> dict[str, Any]:
+        """Record the upload in the workspace; its id, name and size."""
         self._out.close()
-        store.add_upload(self.upload_id, self.name, self.size)
+        workspace.store.uploads.add(self.upload_id, self.name, self.size)
         return {"upload_id": self.upload_id, "name": self.name, "size": self.size}
 
     def discard(self) -> None:
@@ -85,10 +87,10 @@ def upload_paths(store: Store, settings: Settings, upload_ids: list[str]) -> lis
     """The files of these uploads, as context paths; NotFound names an unknown one."""
     paths = []
     for upload_id in upload_ids:
-        row = store.get_upload(upload_id) if isinstance(upload_id, str) and UPLOAD_ID.fullmatch(upload_id) else None
+        row = store.uploads.get(upload_id) if isinstance(upload_id, str) and UPLOAD_ID.fullmatch(upload_id) else None
         if row is None:
             raise NotFound(f"no upload '{upload_id}': upload the file again (POST /api/uploads)")
-        path = settings.uploads_root / upload_id / row["name"]
+        path = settings.uploads_root / upload_id / row.name
         if not path.is_file():
             raise UserError(f"upload '{upload_id}' lost its file: upload it again")
         paths.append(str(path))
@@ -107,5 +109,5 @@ async def start_run(engine: Engine, req: RunRequest, upload_ids: list[str]) -> s
     req.context_paths = [*req.context_paths, *upload_paths(store, engine.settings, upload_ids)]
     run_id = await engine.start_run(req)
     if upload_ids:
-        await store.write(store.attach_uploads, run_id, list(dict.fromkeys(upload_ids)))
+        await store.write(store.uploads.attach, run_id, list(dict.fromkeys(upload_ids)))
     return run_id

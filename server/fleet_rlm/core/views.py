@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.core.trace import build_trace, summarize_step
@@ -23,10 +23,18 @@ if TYPE_CHECKING:
 
 PREVIEW = 200
 
+
+class View(BaseModel):
+    """A view every face returns. Its schema is built on first use, not on import: a read command
+    uses two of these views, and building all of them was a fifth of its start-up."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 
-class RunOutput(BaseModel):
+class RunOutput(View):
     """The outcome of a finished run."""
 
     run_id: str
@@ -41,7 +49,7 @@ class RunOutput(BaseModel):
     session_id: str | None = None
 
 
-class Progress(BaseModel):
+class Progress(View):
     """Counters folded from the run's events so far."""
 
     step: int = Field(0, description="Latest step of the node that last acted.")
@@ -57,7 +65,7 @@ class Progress(BaseModel):
     message: str = Field("", description="The latest progress line.")
 
 
-class RunState(BaseModel):
+class RunState(View):
     """A run as it is now: status, answer when done, live counters while running."""
 
     run_id: str
@@ -81,7 +89,7 @@ class RunState(BaseModel):
     pinned: bool = Field(False, description="Kept by retention (pin_run).")
 
 
-class RunSummary(BaseModel):
+class RunSummary(View):
     run_id: str
     status: RunStatus
     question: str = Field(description="The question, cut to 200 characters.")
@@ -93,9 +101,11 @@ class RunSummary(BaseModel):
     parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
     fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
     pinned: bool = Field(False, description="Kept by retention (pin_run).")
+    iterations: int = Field(0, description="Steps of the root RLM so far.")
+    llm_calls: int = Field(0, description="Model calls of the run and its sub-queries so far.")
 
 
-class CancelResult(BaseModel):
+class CancelResult(View):
     """What a request to stop a run did (every face returns this one view)."""
 
     run_id: str
@@ -104,7 +114,7 @@ class CancelResult(BaseModel):
     message: str
 
 
-class RunList(BaseModel):
+class RunList(View):
     runs: list[RunSummary]
     offset: int
     has_more: bool
@@ -151,6 +161,8 @@ def run_summary(rec: RunRecord) -> RunSummary:
         seconds=seconds_of(rec) if rec.started_at else None,
         session_id=rec.session_id,
         pinned=rec.pinned,
+        iterations=rec.iterations,
+        llm_calls=rec.llm_calls,
         **lineage_of(rec),
     )
 
@@ -206,7 +218,19 @@ def cache_note(counts: dict[str, Any]) -> str:
     return f" · {cached / prompt:.0%} of prompt cached" + (f", ${saved:.4f} saved" if saved else "")
 
 
-class Feedback(BaseModel):
+class SessionInfo(View):
+    id: str
+    name: str | None
+    created_at: float
+    last_used_at: float
+    closed_at: float | None
+
+
+class SessionList(View):
+    sessions: list[SessionInfo]
+
+
+class Feedback(View):
     """A person's judgement of a run's answer, kept for optimization."""
 
     id: int
@@ -220,7 +244,7 @@ class Feedback(BaseModel):
 # -- traces -------------------------------------------------------------------------------------
 
 
-class StepSummary(BaseModel):
+class StepSummary(View):
     """A step with previews and sizes; ask for ``step=N`` to see it whole."""
 
     step: int
@@ -236,7 +260,7 @@ class StepSummary(BaseModel):
     children: list[str]
 
 
-class SubcallView(BaseModel):
+class SubcallView(View):
     index: int = Field(description="Position among this step's sub-queries.")
     prompt_preview: str | None = None
     prompt_chars: int | None = None
@@ -247,7 +271,7 @@ class SubcallView(BaseModel):
     batch: dict[str, Any] | None = None
 
 
-class StepDetail(BaseModel):
+class StepDetail(View):
     """One step in full: the code the model wrote, what it printed, and its sub-queries (paged)."""
 
     step: int
@@ -265,7 +289,7 @@ class StepDetail(BaseModel):
     subcalls: list[SubcallView]
 
 
-class TraceView(BaseModel):
+class TraceView(View):
     """One node of a run's trace: its steps (paged summaries or full) or one step in detail."""
 
     run_id: str
@@ -371,7 +395,7 @@ def step_detail(step: dict[str, Any], offset: int, limit: int) -> StepDetail:
 # -- volumes ------------------------------------------------------------------------------------
 
 
-class VolumeInfo(BaseModel):
+class VolumeInfo(View):
     name: str
     files: int = Field(description="Entries of any kind (files, folders, links), counted against max_files.")
     bytes: int
@@ -379,11 +403,11 @@ class VolumeInfo(BaseModel):
     max_files: int
 
 
-class VolumeList(BaseModel):
+class VolumeList(View):
     volumes: list[VolumeInfo]
 
 
-class FileEntry(BaseModel):
+class FileEntry(View):
     path: str
     type: Literal["file", "dir", "link", "other"] = Field(
         description="'link': a symbolic link, never followed; 'other': a pipe, socket or device, never read."
@@ -392,14 +416,14 @@ class FileEntry(BaseModel):
     mtime: float
 
 
-class FileList(BaseModel):
+class FileList(View):
     volume: str
     path: str
     entries: list[FileEntry]
     truncated: bool = Field(description="True if more entries exist than were returned.")
 
 
-class TextRange(BaseModel):
+class TextRange(View):
     """A byte range of a text file, decoded without cutting a character in half."""
 
     volume: str
@@ -417,8 +441,14 @@ def text_range(volume: str, path: str, data: bytes, offset: int, size: int) -> T
     text, used = decode_prefix(data, at_end=offset + len(data) >= size)
     end = offset + used
     return TextRange(
-        volume=volume, path=path, content=text, offset=offset, bytes_read=used, size=size,
-        truncated=end < size, next_offset=end if end < size else None,
+        volume=volume,
+        path=path,
+        content=text,
+        offset=offset,
+        bytes_read=used,
+        size=size,
+        truncated=end < size,
+        next_offset=end if end < size else None,
     )
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
 from fleet_rlm.core.rerun import ReplayReport, replay_report
-from fleet_rlm.errors import Conflict, RunNotFound, UserError
+from fleet_rlm.errors import Conflict, NotFound, RunNotFound, UserError
 from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
 from fleet_rlm.volumes import Volumes, volumes_for
@@ -60,13 +60,13 @@ class Workspace:
     def resolve_run(self, ref: str) -> str:
         """The full id of the run ``ref`` names: its id, ``last`` (the newest run), ``last~N`` (the N-th
         before it), or a unique start or end of its id. Every face takes run ids through here."""
-        if self.store.run_exists(ref):
+        if self.store.runs.exists(ref):
             return ref
         if last := _LAST.fullmatch(ref):
             return self._newest_run(int(last.group(1) or 0), ref)
         if len(ref) < MIN_ID_PART:
             raise RunNotFound(f"no run '{ref}': give at least {MIN_ID_PART} characters of its id, or last")
-        found = self.store.run_ids_matching(ref, prefix=len(ref) > MIN_ID_PART)
+        found = self.store.runs.ids_matching(ref, prefix=len(ref) > MIN_ID_PART)
         if not found:
             raise RunNotFound(f"no run '{ref}'")
         if len(found) > 1:
@@ -74,7 +74,7 @@ class Workspace:
         return found[0]
 
     def _newest_run(self, back: int, ref: str) -> str:
-        rows = self.store.list_runs(limit=1, offset=back, kind="run")
+        rows = self.store.runs.list(limit=1, offset=back, kind="run")
         if not rows:
             raise RunNotFound(f"no run '{ref}': there are fewer than {back + 1} runs")
         return rows[0].id
@@ -82,14 +82,14 @@ class Workspace:
     def run(self, run_id: str) -> RunRecord:
         """The run's row (``run_id`` may be any reference ``resolve_run`` takes); NotFound names the fix."""
         full_id = self.resolve_run(run_id)
-        row = self.store.get_run(full_id)
+        row = self.store.runs.get(full_id)
         if row is None:  # deleted just now
             raise RunNotFound(f"no run '{full_id}'")
         return row
 
     def run_state(self, run_id: str) -> views.RunState:
         row = self.run(run_id)
-        return views.run_state(row, self.store.events(row.id))
+        return views.run_state(row, self.store.runs.events(row.id))
 
     def run_result(self, run_id: str) -> RunResult:
         return views.run_result(self.run(run_id))
@@ -100,12 +100,12 @@ class Workspace:
         if row.kind != "replay" or row.parent_run_id is None:
             raise UserError(f"run '{row.id}' is not a replay: `fleet-rlm replay {row.id}` replays it")
         source = self.run(row.parent_run_id)
-        return replay_report(row, self.store.events(row.id), source, self.store.events(source.id))
+        return replay_report(row, self.store.runs.events(row.id), source, self.store.runs.events(source.id))
 
     def finished_runs_since(self, since: float, limit: int = 1000) -> list[str]:
         """Ids of people's runs created since ``since`` that have ended, oldest first: what a regression
         replay (`fleet-rlm replay --all --since DATE`) goes through."""
-        rows = self.store.list_runs(limit=limit, kind="run")
+        rows = self.store.runs.list(limit=limit, kind="run")
         return [r.id for r in reversed(rows) if r.created_at >= since and r.status not in ACTIVE_STATUSES]
 
     def list_runs(
@@ -123,25 +123,39 @@ class Workspace:
             raise UserError(f"unknown status '{status}': use one of {', '.join(STATUSES)}")
         if limit < 1 or offset < 0:
             raise UserError("limit must be at least 1 and offset at least 0")
-        rows = self.store.list_runs(limit=limit + 1, offset=offset, status=status, session_id=session_id, q=q)
+        rows = self.store.runs.list(limit=limit + 1, offset=offset, status=status, session_id=session_id, q=q)
         return views.RunList(
             runs=[views.run_summary(r) for r in rows[:limit]], offset=offset, has_more=len(rows) > limit
         )
 
     def runs(self, **filters: Any) -> list[RunRecord]:
         """Rows, for faces that need more than the summary (e.g. the CLI's JSON listing)."""
-        return self.store.list_runs(**filters)
+        return self.store.runs.list(**filters)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def list_sessions(self, include_closed: bool = False) -> views.SessionList:
+        """Sessions (REPLs that outlive one run), most recently used first."""
+        rows = self.store.sessions.list(include_closed=include_closed)
+        return views.SessionList(sessions=[views.SessionInfo.model_validate(r, from_attributes=True) for r in rows])
+
+    def session(self, session_id: str) -> views.SessionInfo:
+        """One session, open or closed; NotFound names the fix."""
+        row = self.store.sessions.get(session_id)
+        if row is None:
+            raise NotFound(f"no session '{session_id}': list them with GET /api/sessions")
+        return views.SessionInfo.model_validate(row, from_attributes=True)
 
     # -- events and traces --------------------------------------------------------------------
 
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
-        return self.store.events(run_id, after_seq=after_seq, limit=limit)
+        return self.store.runs.events(run_id, after_seq=after_seq, limit=limit)
 
     def export(self, run_id: str) -> Iterator[Event]:
         """Every event of a run in seq order, read a page at a time (a long run can be big)."""
         full_id = self.resolve_run(run_id)
         after = 0
-        while page := self.store.events(full_id, after_seq=after, limit=EXPORT_PAGE):
+        while page := self.store.runs.events(full_id, after_seq=after, limit=EXPORT_PAGE):
             yield from page
             after = page[-1]["seq"]
 
@@ -149,7 +163,7 @@ class Workspace:
         """The whole run as a tree (see ``core.trace``)."""
         from fleet_rlm.core.trace import build_trace
 
-        return build_trace(self.store.events(self.resolve_run(run_id)))
+        return build_trace(self.store.runs.events(self.resolve_run(run_id)))
 
     def trace_page(
         self,
@@ -162,7 +176,7 @@ class Workspace:
         limit: int = 20,
     ) -> views.TraceView:
         full_id = self.resolve_run(run_id)
-        events = self.store.events(full_id)
+        events = self.store.runs.events(full_id)
         return views.trace_page(full_id, events, node=node, step=step, detail=detail, offset=offset, limit=limit)
 
     # -- feedback -----------------------------------------------------------------------------
@@ -170,7 +184,9 @@ class Workspace:
     def feedback(self, run_id: str) -> list[views.Feedback]:
         """Judgements of the run's answer, oldest first (the optimizer's training signal)."""
         full_id = self.resolve_run(run_id)
-        return [views.Feedback.model_validate(row) for row in self.store.feedback(full_id)]
+        return [
+            views.Feedback.model_validate(row, from_attributes=True) for row in self.store.uploads.feedback(full_id)
+        ]
 
     async def add_feedback(
         self, run_id: str, correct: bool, expected: str | None = None, comment: str | None = None
@@ -178,12 +194,12 @@ class Workspace:
         full_id = self.resolve_run(run_id)
         if correct:
             self._check_answered(full_id)
-        row = await self.store.write(self.store.add_feedback, full_id, correct, expected, comment)
-        return views.Feedback.model_validate(row)
+        row = await self.store.write(self.store.uploads.add_feedback, full_id, correct, expected, comment)
+        return views.Feedback.model_validate(row, from_attributes=True)
 
     def _check_answered(self, run_id: str) -> None:
         """Only an answer can be right: a run without one is marked wrong, with the right answer."""
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get(run_id)
         if run is None or (run.answer or "").strip():
             return
         if run.status in ACTIVE_STATUSES:

@@ -82,8 +82,7 @@ def candidates(eng: Engine, argument: CompletionArgument, known: dict[str, str],
     if name == "run_id":
         return matching((r.id for r in eng.list_runs(limit=RUN_SCAN)), value)
     if name == "session_id":
-        store = eng.store
-        return matching((s.id for s in store.list_sessions()) if store else [], value)
+        return matching((s.id for s in eng.workspace.list_sessions().sessions), value)
     if name == "volume":
         return matching(volume_names(eng), value)
     if template and name == "path":  # the volume-file template: files of the volume chosen before

@@ -34,6 +34,8 @@ from fleet_rlm.mcp.notify import Notifier
 from fleet_rlm.mcp.provider import EngineProvider
 
 if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
     from fleet_rlm.core.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,14 @@ def build_server(engine: Engine | None = None) -> MCPServer[EngineProvider]:
     completion.register(server, provider)
     client_logs.install(server)
     return server
+
+
+def http_app(engine: Engine, *, token: str | None, host: str, port: int | None, allow_remote: bool) -> ASGIApp:
+    """This face over streamable HTTP on a host's running Engine, behind the same guard as
+    ``serve(transport="http")``: what ``fleet web`` mounts at ``/mcp``."""
+    from fleet_rlm.mcp.http import build_http_app
+
+    return build_http_app(build_server(engine), token=token, host=host, port=port, allow_remote=allow_remote)
 
 
 def serve(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio
 from mcp.server.elicitation import render_elicitation_schema
 from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
@@ -138,14 +139,14 @@ async def _from_answers(host: AgentHost, ctx: Context) -> TurnOutcome:
     state = json.loads(ctx.request_state or "{}")
     answers = ctx.input_responses or {}
     resumed = None
-    asked = [a for a in host.store.list_approvals(turn_id=state.get("turn_id")) if a["id"] in answers]
-    for row in asked:
-        answer = answers[row["id"]]
-        if row["status"] == "pending" and isinstance(answer, types.ElicitResult):
-            resumed = await _decide(host, Approval(**row), answer.action, answer.content) or resumed
+    asked = [a for a in host.approvals(turn_id=state.get("turn_id")) if a.id in answers]
+    for approval in asked:
+        answer = answers[approval.id]
+        if approval.status == "pending" and isinstance(answer, types.ElicitResult):
+            resumed = await _decide(host, approval, answer.action, answer.content) or resumed
     if resumed is not None:
         return resumed
-    view = host.conversation(state["conversation_id"])
+    view = await anyio.to_thread.run_sync(host.conversation, state["conversation_id"])  # it may write: off the loop
     pending = [a for a in view.approvals if a.status == "pending" and a.turn_id == state.get("turn_id")]
     return TurnOutcome(
         conversation_id=view.id,
@@ -235,9 +236,10 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         conversation_id: Annotated[str | None, Field(description="Show this conversation in full.")] = None,
     ) -> ConversationsOutput:
         host = await agent_host()
-        with user_errors():
-            listing = host.list_conversations()
-            one = host.conversation(conversation_id).model_dump(mode="json") if conversation_id else None
+        with user_errors():  # both close out expired approvals and dead turns, store writes: off the loop
+            listing = await anyio.to_thread.run_sync(host.list_conversations)
+            shown = await anyio.to_thread.run_sync(host.conversation, conversation_id) if conversation_id else None
+            one = shown.model_dump(mode="json") if shown else None
         pending = [PendingApproval(**a.model_dump(include=PENDING_FIELDS)) for a in listing.pending_approvals]
         return ConversationsOutput(
             conversations=[c.model_dump(mode="json") for c in listing.conversations],

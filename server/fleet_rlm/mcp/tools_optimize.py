@@ -83,7 +83,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             return out
         async with operations.stopped_if_abandoned(eng, opt_id):  # a cancelled call stops it too
             await _follow(eng, opt_id, ctx)
-        final = runner.state(eng.workspace.store, opt_id)
+        final = runner.state(eng.workspace, opt_id)
         return out.model_copy(update={"status": final.status, "result": final})
 
     @server.tool(
@@ -105,7 +105,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
 
         eng = await engine()
         with user_errors():
-            return versions.list_versions(eng.workspace.store)
+            return versions.list_versions(eng.workspace)
 
     @server.tool(
         title="Promote a program version",
@@ -131,15 +131,15 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         from fleet_rlm.optimize import versions
 
         eng = await engine()
-        store = eng.workspace.store
+        workspace = eng.workspace
         with user_errors():
             if rollback == bool(version_id):
                 raise UserError("give version_id to promote, or rollback=true, not both")
             if rollback:
-                await versions.rollback(store)
+                await versions.rollback(workspace)
             else:
-                await versions.promote(store, str(version_id), override=override)
-            return versions.list_versions(store)
+                await versions.promote(workspace, str(version_id), override=override)
+            return versions.list_versions(workspace)
 
     @server.resource(
         "fleet://optimizations/{opt_id}",
@@ -153,7 +153,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
 
         with _resource_errors():
             eng = await provider.get()
-            return json.dumps(runner.state(eng.workspace.store, opt_id).model_dump(mode="json"))
+            return json.dumps(runner.state(eng.workspace, opt_id).model_dump(mode="json"))
 
     @server.resource(
         "fleet://programs/{version_id}",
@@ -167,7 +167,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
 
         with _resource_errors():
             eng = await provider.get()
-            detail: VersionDetail = versions.show(eng.workspace.store, version_id)
+            detail: VersionDetail = versions.show(eng.workspace, version_id)
             return json.dumps(detail.model_dump(mode="json"))
 
 

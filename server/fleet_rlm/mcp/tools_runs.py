@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio
 from mcp.server.mcpserver import Context
 from mcp.types import ToolAnnotations
 from pydantic import Field
@@ -251,7 +252,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> RunSummary:
         eng = await engine()
         with user_errors():
-            return operations.pin_run(eng.workspace, run_id, pinned)
+            # Its write waits for the store's commit: in a worker thread, so the loop serves others meanwhile.
+            return await anyio.to_thread.run_sync(operations.pin_run, eng.workspace, run_id, pinned)
 
     @server.tool(
         title="List recent runs",

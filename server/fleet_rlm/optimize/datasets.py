@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict, NotFound, UserError
+from fleet_rlm.optimize.views import DatasetDetail, DatasetInfo, DatasetList
 
 if TYPE_CHECKING:
-    from fleet_rlm.store import Store
+    from fleet_rlm.core.workspace import Workspace
 
 DEFAULT_HOLDOUT = 0.2
 MAX_ROWS = 100_000
@@ -128,7 +129,7 @@ def folder(path: str) -> Path:
     return found
 
 
-def rows_from_feedback(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
+def rows_from_feedback(workspace: Workspace) -> tuple[list[dict[str, Any]], list[str]]:
     """Rows from judged runs (each run's newest feedback), and why some runs were left out.
 
     Right answers are the expected answer unless the person gave another; a wrong answer counts only
@@ -136,7 +137,7 @@ def rows_from_feedback(store: Store) -> tuple[list[dict[str, Any]], list[str]]:
     session's later runs build on the REPL state its earlier runs left, so neither can be replayed.
     A session's first run started from a fresh REPL, like a replay, so it can."""
     rows, skipped = [], []
-    for run in store.judged_runs():
+    for run in workspace.store.optimize.judged_runs():
         reason = _unreplayable(run)
         if reason:
             skipped.append(f"{run['run_id']}: {reason}")
@@ -169,34 +170,71 @@ def _unreplayable(run: dict[str, Any]) -> str | None:
 
 
 async def create(
-    store: Store, name: str, rows: list[dict[str, Any]], *, source: str, holdout: float = DEFAULT_HOLDOUT, seed: int = 0
-) -> dict[str, Any]:
-    """Store a dataset and its split; Conflict when the name is taken."""
+    workspace: Workspace,
+    name: str,
+    rows: list[dict[str, Any]],
+    *,
+    source: str,
+    holdout: float = DEFAULT_HOLDOUT,
+    seed: int = 0,
+    skipped: list[str] | None = None,
+) -> DatasetDetail:
+    """Store a dataset and its split; Conflict when the name is taken. ``skipped``: judged runs left
+    out of it, and why (shown with the new dataset)."""
     check_name(name)
     if not rows:
         raise UserError("no rows to make a dataset of")
     dataset_id = f"d{int(time.time() * 1000):x}{secrets.token_hex(3)}"
+    store = workspace.store
     try:
         await store.write(
-            store.create_dataset, dataset_id, name, source, holdout, seed, split_rows(rows, holdout, seed)
+            store.optimize.create_dataset, dataset_id, name, source, holdout, seed, split_rows(rows, holdout, seed)
         )
     except ValueError as exc:
         raise Conflict(f"{exc}: choose another --name") from None
-    return require(store, name)
+    return detail(workspace, name).model_copy(update={"skipped": skipped or []})
 
 
-def require(store: Store, name: str) -> dict[str, Any]:
-    dataset = store.get_dataset(name)
+async def create_from_feedback(
+    workspace: Workspace, name: str, *, holdout: float = DEFAULT_HOLDOUT, seed: int = 0
+) -> DatasetDetail:
+    """A dataset of the judged runs that can be replayed (``skipped`` says why the others are not)."""
+    rows, skipped = rows_from_feedback(workspace)
+    if not rows:
+        raise UserError("no judged run can be replayed: mark answers right or wrong first"
+                        + (f" ({'; '.join(skipped[:3])})" if skipped else ""))  # fmt: skip
+    return await create(workspace, name, rows, source="feedback", holdout=holdout, seed=seed, skipped=skipped)
+
+
+def require(workspace: Workspace, name: str) -> dict[str, Any]:
+    """The dataset's row; NotFound names the fix."""
+    dataset = workspace.store.optimize.get_dataset(name)
     if dataset is None:
         raise NotFound(f"no dataset '{name}': list them with `fleet-rlm dataset ls`, import one with "
                        "`fleet-rlm dataset import FILE --name NAME`")  # fmt: skip
     return dataset
 
 
-def export_lines(store: Store, name: str) -> Iterator[str]:
+def list_datasets(workspace: Workspace) -> DatasetList:
+    return DatasetList(datasets=[DatasetInfo(**d) for d in workspace.store.optimize.list_datasets()])
+
+
+def detail(workspace: Workspace, name: str) -> DatasetDetail:
+    """A dataset with its rows and their split."""
+    found = require(workspace, name)
+    return DatasetDetail.model_validate({**found, "rows": workspace.store.optimize.dataset_rows(found["id"])})
+
+
+def name_of(workspace: Workspace, dataset_id: str) -> str:
+    """A dataset's name from its id (the id itself once the dataset is gone)."""
+    found = workspace.store.optimize.get_dataset(dataset_id)
+    return str(found["name"]) if found else dataset_id
+
+
+def export_lines(workspace: Workspace, name: str) -> Iterator[str]:
     """The dataset as JSON lines in the import format (plus split, verdict, comment, run_id)."""
-    dataset = require(store, name)
-    for row in store.dataset_rows(dataset["id"]):
+    dataset = require(workspace, name)
+    for row in workspace.store.optimize.dataset_rows(dataset["id"]):
         item: dict[str, Any] = {"question": row["question"], "answer": row["answer"]}
         if row["context_text"] is not None:
             item["context"] = row["context_text"]

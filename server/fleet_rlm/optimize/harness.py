@@ -122,7 +122,7 @@ class Replayer:
         store = self.engine.workspace.store
         candidate = fingerprint(program_state(program))
         example = example_key(question, context_text, paths)
-        hit = store.cached_eval(self.lineage, candidate, example)
+        hit = store.optimize.cached_eval(self.lineage, candidate, example)
         if hit is not None:
             outcome = Outcome(hit["run_id"], hit["answer"], hit["steps"] or [], bool(hit["steps"]), hit["llm_calls"],
                               hit["cost"], cached=True)  # fmt: skip
@@ -136,7 +136,7 @@ class Replayer:
             if self.stop_reason:  # cancelled mid-replay: its answer is not an evaluation
                 raise Stopped(self.stop_reason)
             # Steps are kept for submitted runs only (they are the demos): "has steps" means submitted.
-            store.submit(store.cache_eval, self.lineage, candidate, example, run_id=outcome.run_id,
+            store.submit(store.optimize.cache_eval, self.lineage, candidate, example, run_id=outcome.run_id,
                          answer=outcome.answer, steps=outcome.steps if outcome.submitted else [],
                          llm_calls=outcome.llm_calls, cost=outcome.cost).result()  # fmt: skip
         with self._lock:

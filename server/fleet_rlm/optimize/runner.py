@@ -44,6 +44,7 @@ from fleet_rlm.types import (
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
+    from fleet_rlm.core.workspace import Workspace
     from fleet_rlm.optimize.harness import Replayer
     from fleet_rlm.store import Store
 
@@ -111,8 +112,8 @@ def _resumed(store: Store, req: OptimizeRequest) -> tuple[OptimizeRequest, str]:
     """The request to run and its lineage: a rerun takes the earlier attempt's settings and cache."""
     if req.resume is None:
         return req, ""
-    earlier = store.get_optimization(req.resume)
-    row = store.get_run(req.resume)
+    earlier = store.optimize.get_optimization(req.resume)
+    row = store.runs.get(req.resume)
     if earlier is None or row is None:
         raise UserError(f"no optimization '{req.resume}' to resume: list them with `fleet-rlm programs ls`")
     if row.status in ACTIVE_STATUSES:
@@ -124,18 +125,19 @@ def _resumed(store: Store, req: OptimizeRequest) -> tuple[OptimizeRequest, str]:
 
 async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     """Check the request, record the optimization and start it; its id and estimate, at once."""
-    store = engine.workspace.store
+    workspace = engine.workspace
+    store = workspace.store
     req, lineage = _resumed(store, req)
     req.check()
     get_metric(req.metric, engine.settings)  # an unknown metric fails here, not in the thread
-    dataset = datasets.require(store, req.dataset)
+    dataset = datasets.require(workspace, req.dataset)
     if not dataset["train"]:
         raise UserError(f"dataset '{req.dataset}' has no train rows")
     base = req.base_version if req.base_version not in (None, BUILTIN) else None
     if req.base_version is None:
-        base = versions.active(store)
+        base = versions.active(workspace)
     elif base is not None:
-        versions.require(store, base)
+        versions.require(workspace, base)
     from fleet_rlm.core.engine import new_id
     from fleet_rlm.core.lm import preflight
 
@@ -146,12 +148,12 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     opt_id = new_id("o")
     lineage = lineage or opt_id
     params = {k: v for k, v in asdict(req).items() if k != "resume"}
-    await store.write(store.create_run, RunRecord(
+    await store.write(store.runs.create, RunRecord(
         id=opt_id, kind="optimize", question=f"optimize with {req.optimizer} on dataset {dataset['name']}",
         status="running", request=params, created_at=time.time(), started_at=time.time(), owner_pid=os.getpid(),
         owner_host=socket.gethostname(), program_version=base,
     ))  # fmt: skip
-    await store.write(store.create_optimization, {
+    await store.write(store.optimize.create_optimization, {
         "id": opt_id, "lineage": lineage, "dataset_id": dataset["id"], "optimizer": req.optimizer,
         "metric": req.metric, "base_version": base, "params": params, "version_id": None, "scores": {},
         "created_at": time.time(),
@@ -183,13 +185,13 @@ async def _run(
     loop = asyncio.get_running_loop()
     replayer = Replayer(engine, loop, optimization_id=opt_id, lineage=lineage, limits=req.limits,
                         cap_llm_calls=req.max_llm_calls, cap_cost=req.max_cost)  # fmt: skip
-    rows = store.dataset_rows(dataset["id"])
+    rows = store.optimize.dataset_rows(dataset["id"])
     work_dir = engine.settings.home / "optimize" / lineage
     job = loop.run_in_executor(None, _optimize, engine, replayer, req, rows, base, work_dir)
     status, error, version_id, scores = "failed", None, None, Scores()
     try:
         program, scores = await asyncio.shield(job)
-        version_id = await _save(store, opt_id, dataset, req, base, program, scores)
+        version_id = await _save(engine.workspace, opt_id, dataset, req, base, program, scores)
         status = "succeeded"
     except asyncio.CancelledError:
         status, error = "cancelled", "cancelled by the user"
@@ -284,11 +286,10 @@ def _optimize(
     from fleet_rlm.core.program import RLMProgram
     from fleet_rlm.optimize.harness import RLMHarness
 
-    store = engine.workspace.store
     metric = get_metric(req.metric, engine.settings)
     train, holdout = _examples(rows, "train"), _examples(rows, "holdout")
     program = RLMProgram()
-    program.load_state(versions.state_of(store, base))
+    program.load_state(versions.state_of(engine.workspace, base))
     student = RLMHarness(replayer, program)
     root_lm = engine.models()[0]
     with dspy.context(lm=root_lm):
@@ -372,7 +373,7 @@ def _act_only(state: Any, trajectories: Any, subsample_scores: Any, candidate_id
 
 
 async def _save(
-    store: Store,
+    workspace: Workspace,
     opt_id: str,
     dataset: dict[str, Any],
     req: OptimizeRequest,
@@ -382,10 +383,11 @@ async def _save(
 ) -> str:
     state = versions.program_state(program)
     version_id = versions.new_version_id()
-    await store.write(store.add_program_version, {
+    store = workspace.store
+    await store.write(store.optimize.add_program_version, {
         "id": version_id, "base_id": base, "optimization_id": opt_id, "dataset_id": dataset["id"],
         "optimizer": req.optimizer, "metric": req.metric, "scores": scores.model_dump(), "state": state,
-        "changes": versions.changes(versions.state_of(store, base), state), "created_at": time.time(),
+        "changes": versions.changes(versions.state_of(workspace, base), state), "created_at": time.time(),
     })  # fmt: skip
     return version_id
 
@@ -403,13 +405,13 @@ async def _finish(
     bus = engine.bus
     assert bus is not None
     passed, why = versions.gate(scores) if version_id else (False, error or "no version")
-    await store.write(store.update_optimization, opt_id, version_id=version_id, scores=scores.model_dump())
-    row = store.get_run(opt_id)
+    await store.write(store.optimize.update_optimization, opt_id, version_id=version_id, scores=scores.model_dump())
+    row = store.runs.get(opt_id)
     started = row.started_at if row and row.started_at else time.time()
     finished = time.time()
     summary = f"version {version_id}: {why}" if version_id else None
     tally = replayer.tally
-    final = store.submit(store.update_run, opt_id, status=status, answer=summary, error=error, finished_at=finished,
+    final = store.submit(store.runs.update, opt_id, status=status, answer=summary, error=error, finished_at=finished,
                          llm_calls=tally.llm_calls, iterations=tally.evaluations)  # fmt: skip
     bus.publish(opt_id, OPTIMIZE_FINISHED, {"status": status, "version_id": version_id, "scores": scores.model_dump(
         exclude={"n_train", "n_holdout"}), "gate": {"passed": passed, "reason": why}, "error": error})  # fmt: skip
@@ -424,19 +426,19 @@ async def _finish(
 # -- the read side ------------------------------------------------------------------------------
 
 
-def state(store: Store, opt_id: str) -> OptimizationState:
+def state(workspace: Workspace, opt_id: str) -> OptimizationState:
     """An optimization as it is now (status from its run row; trials folded from its events)."""
-    opt = store.get_optimization(opt_id)
-    row = store.get_run(opt_id)
+    store = workspace.store
+    opt = store.optimize.get_optimization(opt_id)
+    row = store.runs.get(opt_id)
     if opt is None or row is None:
         from fleet_rlm.errors import NotFound
 
         raise NotFound(f"no optimization '{opt_id}': list them with `fleet-rlm programs ls --optimizations`")
-    dataset = store.get_dataset(opt["dataset_id"])
     trials: dict[int, dict[str, Any]] = {}
     evaluations = cached = 0
     gate: dict[str, Any] = {}
-    for event in store.events(opt_id):
+    for event in store.runs.events(opt_id):
         data = event["data"]
         if event["kind"] == "optimize.eval":
             evaluations, cached = evaluations + 1, cached + bool(data["cached"])
@@ -447,7 +449,7 @@ def state(store: Store, opt_id: str) -> OptimizationState:
         elif event["kind"] == OPTIMIZE_FINISHED:
             gate = data.get("gate") or {}
     return OptimizationState(
-        id=opt_id, status=row.status, dataset=dataset["name"] if dataset else opt["dataset_id"],
+        id=opt_id, status=row.status, dataset=datasets.name_of(workspace, opt["dataset_id"]),
         optimizer=opt["optimizer"], metric=opt["metric"], base_version=opt["base_version"],
         version_id=opt["version_id"], scores=Scores(**(opt["scores"] or {})), gate=gate, error=row.error,
         evaluations=evaluations, cached=cached, created_at=opt["created_at"], finished_at=row.finished_at,
@@ -456,8 +458,9 @@ def state(store: Store, opt_id: str) -> OptimizationState:
     )  # fmt: skip
 
 
-def list_optimizations(store: Store, limit: int = 50) -> OptimizationList:
-    return OptimizationList(optimizations=[state(store, o["id"]) for o in store.list_optimizations(limit)])
+def list_optimizations(workspace: Workspace, limit: int = 50) -> OptimizationList:
+    found = workspace.store.optimize.list_optimizations(limit)
+    return OptimizationList(optimizations=[state(workspace, o["id"]) for o in found])
 
 
 async def wait(engine: Engine, opt_id: str) -> OptimizationState:
@@ -465,4 +468,4 @@ async def wait(engine: Engine, opt_id: str) -> OptimizationState:
     async with contextlib.aclosing(engine.subscribe(opt_id)) as events:
         async for _event in events:
             pass
-    return state(engine.workspace.store, opt_id)
+    return state(engine.workspace, opt_id)

@@ -19,7 +19,7 @@ from fleet_rlm.errors import Conflict, NotFound, UserError
 from fleet_rlm.optimize.views import BUILTIN, Comparison, Gate, Scores, VersionDetail, VersionInfo, VersionList
 
 if TYPE_CHECKING:
-    from fleet_rlm.store import Store
+    from fleet_rlm.core.workspace import Workspace
 
 PREDICTORS = ("act", "extract")
 
@@ -73,28 +73,28 @@ def new_version_id() -> str:
     return f"v{int(time.time() * 1000):x}{secrets.token_hex(3)}"
 
 
-def state_of(store: Store, version: str | None) -> dict[str, Any]:
+def state_of(workspace: Workspace, version: str | None) -> dict[str, Any]:
     if version in (None, BUILTIN):
         return builtin_state()
-    return require(store, version)["state"]
+    return require(workspace, version)["state"]
 
 
-def require(store: Store, version_id: str) -> dict[str, Any]:
-    row = store.get_program_version(version_id)
+def require(workspace: Workspace, version_id: str) -> dict[str, Any]:
+    row = workspace.store.optimize.get_program_version(version_id)
     if row is None:
         raise NotFound(f"no program version '{version_id}': list them with `fleet-rlm programs ls`")
     return row
 
 
-def active(store: Store) -> str | None:
+def active(workspace: Workspace) -> str | None:
     """The version new runs use (None: the built-in program)."""
-    stack = _stack(store)
+    stack = _stack(workspace)
     return stack[-1] if stack else None
 
 
-def _stack(store: Store) -> list[str]:
+def _stack(workspace: Workspace) -> list[str]:
     stack: list[str] = []
-    for act in reversed(store.activations()):
+    for act in reversed(workspace.store.optimize.activations()):
         if act["action"] == "promote" and act["version_id"]:
             stack.append(act["version_id"])
         elif act["action"] == "rollback" and stack:
@@ -112,18 +112,19 @@ def _info(row: dict[str, Any], active_id: str | None) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def list_versions(store: Store) -> VersionList:
-    current = active(store)
+def list_versions(workspace: Workspace) -> VersionList:
+    current = active(workspace)
+    store = workspace.store
     return VersionList(
         active=current or BUILTIN,
-        versions=[VersionInfo(**_info(r, current)) for r in store.list_program_versions()],
-        history=store.activations(),
+        versions=[VersionInfo(**_info(r, current)) for r in store.optimize.list_program_versions()],
+        history=store.optimize.activations(),
     )
 
 
-def show(store: Store, version_id: str) -> VersionDetail:
-    row = require(store, version_id)
-    return VersionDetail(**_info(row, active(store)), changes=row["changes"] or {})
+def show(workspace: Workspace, version_id: str) -> VersionDetail:
+    row = require(workspace, version_id)
+    return VersionDetail(**_info(row, active(workspace)), changes=row["changes"] or {})
 
 
 def gate(scores: Scores, tolerance: float = 0.0) -> tuple[bool, str]:
@@ -145,37 +146,39 @@ def _fmt(value: float | None) -> str:
 
 
 async def promote(
-    store: Store, version_id: str, *, override: str | None = None, tolerance: float = 0.0
+    workspace: Workspace, version_id: str, *, override: str | None = None, tolerance: float = 0.0
 ) -> VersionDetail:
     """Make the version active if it passes the gate, or with ``override`` (the reason, recorded)."""
     if tolerance < 0:
         raise UserError(f"tolerance must be 0 or more, not {tolerance}")
-    row = require(store, version_id)
-    if active(store) == version_id:
+    row = require(workspace, version_id)
+    if active(workspace) == version_id:
         raise Conflict(f"version '{version_id}' is already active")
     passed, why = gate(Scores(**(row["scores"] or {})), tolerance)
     reason = override.strip() if override else ""
     if not passed and not reason:
         raise GateRefused(f"version '{version_id}' does not pass the promotion gate: {why}; promote it anyway only "
                           "with a reason for the override, which is kept in the history")  # fmt: skip
-    await store.write(store.activate_program, version_id, "promote", f"override: {reason}" if reason else why)
-    return show(store, version_id)
+    store = workspace.store
+    await store.write(store.optimize.activate_program, version_id, "promote", f"override: {reason}" if reason else why)
+    return show(workspace, version_id)
 
 
-async def rollback(store: Store) -> str:
+async def rollback(workspace: Workspace) -> str:
     """Make the version that was active before the current one active again; returns its id."""
-    stack = _stack(store)
+    stack = _stack(workspace)
     if not stack:
         raise Conflict("nothing to roll back: the built-in program is active")
     previous = stack[-2] if len(stack) > 1 else None
-    await store.write(store.activate_program, previous, "rollback", f"rolled back {stack[-1]}")
+    store = workspace.store
+    await store.write(store.optimize.activate_program, previous, "rollback", f"rolled back {stack[-1]}")
     return previous or BUILTIN
 
 
-def compare(store: Store, a: str, b: str) -> Comparison:
+def compare(workspace: Workspace, a: str, b: str) -> Comparison:
     """Scores side by side, a diff of each predictor's instructions, and which demos each has."""
-    states = {v: state_of(store, v) for v in (a, b)}
-    scores = {v: Scores() if v == BUILTIN else Scores(**(require(store, v)["scores"] or {})) for v in (a, b)}
+    states = {v: state_of(workspace, v) for v in (a, b)}
+    scores = {v: Scores() if v == BUILTIN else Scores(**(require(workspace, v)["scores"] or {})) for v in (a, b)}
     instructions, demos = {}, {}
     for name in PREDICTORS:
         left, right = _instructions(states[a], name), _instructions(states[b], name)

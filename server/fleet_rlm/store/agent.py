@@ -1,14 +1,15 @@
 """The workspace agent's tables: conversations, turns, messages, approvals with their audit log, the runs
 and uploads of a conversation, and the workflows' checkpoints (schema: ``store/db.py``, migrations 6 and 7).
 
-A mixin of ``Store``: every write runs on the store's one writer thread (``self._writer.run``), reads use
-its read connection (``self._read``). Decisions that must happen once are single conditional UPDATEs in
-one transaction (an approval is decided once, a paused turn is resumed by one process, an approved call
-runs once), so two faces, or two processes, answering the same approval cannot both win. Free text a
-person or a model wrote is masked by ``redact`` on the way in, except an approval's summary and arguments:
-a person must see those exactly, so only configured secret values are masked there (``redact_known``); a
-call holding one is recorded ``blocked`` (``agent.approvals``), and a blocked approval is never approved.
-Checkpoints are the framework's encoded state and are deleted when their turn ends.
+``store.agent``: every write runs on the store's one writer thread (``writer.run``), reads use its
+read connection (``read``); rows are still dicts. Decisions that must happen once are single
+conditional UPDATEs in one transaction (an approval is decided once, a paused turn is resumed by one
+process, an approved call runs once), so two faces, or two processes, answering the same approval
+cannot both win. Free text a person or a model wrote is masked by ``redact`` on the way in, except an
+approval's summary and arguments: a person must see those exactly, so only configured secret values
+are masked there (``redact_known``); a call holding one is recorded ``blocked`` (``agent.approvals``),
+and a blocked approval is never approved. Checkpoints are the framework's encoded state and are
+deleted when their turn ends.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict
 from fleet_rlm.redaction import redact, redact_known
-from fleet_rlm.store.rows import dumps, record
+from fleet_rlm.store.rows import Database, dumps, record
 
 if TYPE_CHECKING:
-    from fleet_rlm.store.writer import Tx, Writer
+    from fleet_rlm.store.writer import Tx
 
 ACTIVE_TURNS = ("running", "paused")
 _CONV = ("id", "title", "session_id", "volume", "grants_json", "mcp_servers_json", "created_at", "updated_at")
@@ -106,12 +107,10 @@ def _audit(tx: Tx, approval: dict[str, Any], action: str, actor: str, reason: st
 
 
 class AgentTables:
-    """Conversations, turns, messages, approvals, audit, checkpoints (mixed into ``Store``)."""
+    """Conversations, turns, messages, approvals, audit, checkpoints (``store.agent``)."""
 
-    _writer: Writer
-
-    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:  # Store's
-        raise NotImplementedError
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- conversations ----------------------------------------------------------------------------
 
@@ -124,11 +123,11 @@ class AgentTables:
                 f"INSERT INTO agent_conversations ({', '.join(_CONV)}) VALUES ({', '.join('?' * 8)})", values
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
         return _row(_CONV, values)
 
     def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:
-        rows = self._read(_select("agent_conversations", _CONV) + " WHERE id = ?", (conversation_id,))
+        rows = self._db.read(_select("agent_conversations", _CONV) + " WHERE id = ?", (conversation_id,))
         return _row(_CONV, rows[0]) if rows else None
 
     def list_conversations(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
@@ -141,7 +140,7 @@ class AgentTables:
             f"SELECT {', '.join(_CONV)}, {pending} FROM agent_conversations"
             " ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
         )
-        return [{**_row(_CONV, r[:-1]), "pending": r[-1]} for r in self._read(sql, (limit, offset))]
+        return [{**_row(_CONV, r[:-1]), "pending": r[-1]} for r in self._db.read(sql, (limit, offset))]
 
     def set_mcp_servers(self, conversation_id: str, servers: list[dict[str, Any]]) -> None:
         def update(tx: Tx) -> None:
@@ -150,7 +149,7 @@ class AgentTables:
                 (dumps(servers), time.time(), conversation_id),
             )
 
-        self._writer.run(update)
+        self._db.writer.run(update)
 
     # -- turns ------------------------------------------------------------------------------------
 
@@ -171,7 +170,7 @@ class AgentTables:
             )
             tx.conn.execute("UPDATE agent_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def finish_turn(self, turn_id: str, status: str, error: str | None = None) -> None:
         """Set a turn's status; a final one (not running or paused) also drops its checkpoints."""
@@ -186,20 +185,20 @@ class AgentTables:
             if final:
                 tx.conn.execute("DELETE FROM agent_checkpoints WHERE workflow_name = ?", (workflow_name(turn_id),))
 
-        self._writer.run(update)
+        self._db.writer.run(update)
 
     def get_turn(self, turn_id: str) -> dict[str, Any] | None:
-        rows = self._read(_select("agent_turns", _TURN) + " WHERE id = ?", (turn_id,))
+        rows = self._db.read(_select("agent_turns", _TURN) + " WHERE id = ?", (turn_id,))
         return _row(_TURN, rows[0]) if rows else None
 
     def active_turn(self, conversation_id: str) -> dict[str, Any] | None:
         sql = _select("agent_turns", _TURN) + f" WHERE conversation_id = ? AND status IN {ACTIVE_TURNS}"
-        rows = self._read(sql, (conversation_id,))
+        rows = self._db.read(sql, (conversation_id,))
         return _row(_TURN, rows[0]) if rows else None
 
     def interrupt_turns(self, gone: Callable[[dict[str, Any]], bool]) -> list[str]:
         """Close out running turns whose process is ``gone`` (a paused turn waits in the store, not a process)."""
-        rows = [_row(_TURN, r) for r in self._read(_select("agent_turns", _TURN) + " WHERE status = 'running'")]
+        rows = [_row(_TURN, r) for r in self._db.read(_select("agent_turns", _TURN) + " WHERE status = 'running'")]
         dead = [t["id"] for t in rows if gone(t)]
         for turn_id in dead:
             self.finish_turn(turn_id, "interrupted", "the process running this turn stopped")
@@ -242,12 +241,12 @@ class AgentTables:
             tx.conn.execute("UPDATE agent_conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
             return int(cur.lastrowid or 0)
 
-        message_id = self._writer.run(insert)
+        message_id = self._db.writer.run(insert)
         return _row(_MSG, (message_id, *values))
 
     def messages(self, conversation_id: str) -> list[dict[str, Any]]:
         sql = _select("agent_messages", _MSG) + " WHERE conversation_id = ? ORDER BY id"
-        return [_row(_MSG, r) for r in self._read(sql, (conversation_id,))]
+        return [_row(_MSG, r) for r in self._db.read(sql, (conversation_id,))]
 
     # -- approvals and the audit log ----------------------------------------------------------------
 
@@ -283,10 +282,10 @@ class AgentTables:
                 tx.conn.execute("UPDATE agent_turns SET status = 'paused' WHERE id = ?", (turn_id,))
             return records
 
-        return self._writer.run(insert)
+        return self._db.writer.run(insert)
 
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
-        rows = self._read(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,))
+        rows = self._db.read(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,))
         return _row(_APPROVAL, rows[0]) if rows else None
 
     def list_approvals(
@@ -298,7 +297,7 @@ class AgentTables:
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = _select("agent_approvals", _APPROVAL) + (f" WHERE {' AND '.join(where)}" if where else "")
-        return [_row(_APPROVAL, r) for r in self._read(sql + " ORDER BY created_at, id", tuple(params))]
+        return [_row(_APPROVAL, r) for r in self._db.read(sql + " ORDER BY created_at, id", tuple(params))]
 
     def decide_approval(
         self, approval_id: str, approve: bool, actor: str, reason: str | None, always: bool, owner: tuple[Any, ...]
@@ -350,7 +349,7 @@ class AgentTables:
             approval.update(status=status, decided_by=actor, reason=reason, always=always and approve, decided_at=now)
             return approval, claimed
 
-        return self._writer.run(decide)
+        return self._db.writer.run(decide)
 
     def expire_approvals(self, result_af: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
         """Expire pending approvals past their time, with audit entries. A paused turn left with nothing
@@ -395,7 +394,7 @@ class AgentTables:
                     tx.conn.execute("DELETE FROM agent_checkpoints WHERE workflow_name = ?", (workflow_name(turn_id),))
             return expired
 
-        return self._writer.run(expire)
+        return self._db.writer.run(expire)
 
     def claim_execution(self, approval_id: str) -> dict[str, Any] | None:
         """Mark an approved call as executing, once: the approval when this caller may run the tool,
@@ -417,14 +416,14 @@ class AgentTables:
             _audit(tx, approval, "executed", "agent", None, now)
             return approval
 
-        return self._writer.run(claim)
+        return self._db.writer.run(claim)
 
     def audit(self, conversation_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         """Newest first."""
         where = " WHERE conversation_id = ?" if conversation_id else ""
         params: tuple[Any, ...] = (conversation_id, limit) if conversation_id else (limit,)
         sql = _select("agent_audit", _AUDIT) + where + " ORDER BY id DESC LIMIT ?"
-        return [_row(_AUDIT, r) for r in self._read(sql, params)]
+        return [_row(_AUDIT, r) for r in self._db.read(sql, params)]
 
     # -- runs and attachments -----------------------------------------------------------------------
 
@@ -435,7 +434,7 @@ class AgentTables:
                 (conversation_id, run_id, turn_id, time.time()),
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def conversation_runs(self, conversation_id: str) -> list[dict[str, Any]]:
         sql = (
@@ -443,7 +442,7 @@ class AgentTables:
             " LEFT JOIN runs r ON r.id = c.run_id WHERE c.conversation_id = ? ORDER BY c.created_at"
         )
         keys = ("run_id", "turn_id", "created_at", "status", "question")
-        return [dict(zip(keys, r, strict=True)) for r in self._read(sql, (conversation_id,))]
+        return [dict(zip(keys, r, strict=True)) for r in self._db.read(sql, (conversation_id,))]
 
     def attach(self, conversation_id: str, upload_ids: list[str]) -> None:
         now = time.time()
@@ -454,14 +453,15 @@ class AgentTables:
                 [(conversation_id, u, now) for u in upload_ids],
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def attachments(self, conversation_id: str) -> list[dict[str, Any]]:
         sql = (
             "SELECT a.upload_id, u.name, u.size FROM agent_attachments a JOIN uploads u ON u.id = a.upload_id"
             " WHERE a.conversation_id = ? ORDER BY a.created_at, a.upload_id"
         )
-        return [dict(zip(("upload_id", "name", "size"), r, strict=True)) for r in self._read(sql, (conversation_id,))]
+        rows = self._db.read(sql, (conversation_id,))
+        return [dict(zip(("upload_id", "name", "size"), r, strict=True)) for r in rows]
 
     # -- checkpoints (agent.checkpoints.StoreCheckpointStorage) --------------------------------------
 
@@ -475,22 +475,22 @@ class AgentTables:
                 (checkpoint_id, workflow, time.time(), payload),
             )
 
-        self._writer.run(upsert)
+        self._db.writer.run(upsert)
 
     def load_checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
-        rows = self._read("SELECT data_json FROM agent_checkpoints WHERE id = ?", (checkpoint_id,))
+        rows = self._db.read("SELECT data_json FROM agent_checkpoints WHERE id = ?", (checkpoint_id,))
         return json.loads(rows[0][0]) if rows else None
 
     def workflow_checkpoints(self, workflow: str) -> list[dict[str, Any]]:
         """Oldest first."""
         sql = "SELECT data_json FROM agent_checkpoints WHERE workflow_name = ? ORDER BY created_at, rowid"
-        return [json.loads(r[0]) for r in self._read(sql, (workflow,))]
+        return [json.loads(r[0]) for r in self._db.read(sql, (workflow,))]
 
     def delete_checkpoint(self, checkpoint_id: str) -> bool:
         def delete(tx: Tx) -> bool:
             return tx.conn.execute("DELETE FROM agent_checkpoints WHERE id = ?", (checkpoint_id,)).rowcount == 1
 
-        return self._writer.run(delete)
+        return self._db.writer.run(delete)
 
 
 def workflow_name(turn_id: str) -> str:

@@ -1,9 +1,9 @@
 """The store's optimization tables: datasets, program versions and their activations, optimizations,
 and the evaluation cache (schema: ``store/db.py``, migration 5).
 
-A mixin of ``Store``: writes go through the store's one writer thread (``self._writer.run``), reads
-through its read connection (``self._read``), like every other table. Free text a person or a model
-wrote (questions, answers, comments, contexts) is masked by ``redact`` on the way in.
+``store.optimize``: writes go through the store's one writer thread (``writer.run``), reads through
+its read connection (``read``), like every other repository; rows are still dicts. Free text a person
+or a model wrote (questions, answers, comments, contexts) is masked by ``redact`` on the way in.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.redaction import redact
-from fleet_rlm.store.rows import dumps, record
+from fleet_rlm.store.rows import Database, dumps, record
 
 if TYPE_CHECKING:
-    from fleet_rlm.store.writer import Tx, Writer
+    from fleet_rlm.store.writer import Tx
 
 _DATASET_COLUMNS = ("id", "name", "source", "holdout_fraction", "seed", "created_at")
 _ROW_COLUMNS = ("idx", "split", "question", "context_text", "context_paths_json", "answer", "verdict", "comment",
@@ -30,12 +30,10 @@ _OPT_UPDATABLE = frozenset({"version_id", "scores_json"})
 
 
 class OptimizeTables:
-    """Datasets, program versions, optimizations and the eval cache (mixed into ``Store``)."""
+    """Datasets, program versions, optimizations and the eval cache (``store.optimize``)."""
 
-    _writer: Writer
-
-    def _read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:  # Store's
-        raise NotImplementedError
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- datasets -------------------------------------------------------------------------------
 
@@ -64,30 +62,29 @@ class OptimizeTables:
                 values,
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def get_dataset(self, name_or_id: str) -> dict[str, Any] | None:
         """The dataset (by name, else id) with its row counts per split."""
-        rows = self._read(
+        rows = self._db.read(
             f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets WHERE name = ? OR id = ? ORDER BY name = ? DESC",
             (name_or_id, name_or_id, name_or_id),
         )
         return self._with_counts(record(_DATASET_COLUMNS, rows[0])) if rows else None
 
     def list_datasets(self) -> list[dict[str, Any]]:
-        rows = self._read(f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets ORDER BY created_at DESC, name")
+        rows = self._db.read(f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets ORDER BY created_at DESC, name")
         return [self._with_counts(record(_DATASET_COLUMNS, r)) for r in rows]
 
     def _with_counts(self, dataset: dict[str, Any]) -> dict[str, Any]:
-        counts = dict(
-            self._read("SELECT split, COUNT(*) FROM dataset_rows WHERE dataset_id = ? GROUP BY split", (dataset["id"],))
-        )
+        sql = "SELECT split, COUNT(*) FROM dataset_rows WHERE dataset_id = ? GROUP BY split"
+        counts = dict(self._db.read(sql, (dataset["id"],)))
         dataset["train"] = int(counts.get("train", 0))
         dataset["holdout"] = int(counts.get("holdout", 0))
         return dataset
 
     def dataset_rows(self, dataset_id: str) -> list[dict[str, Any]]:
-        rows = self._read(
+        rows = self._db.read(
             f"SELECT {', '.join(_ROW_COLUMNS)} FROM dataset_rows WHERE dataset_id = ? ORDER BY idx", (dataset_id,)
         )
         out = []
@@ -109,7 +106,7 @@ class OptimizeTables:
         )
         keys = ("run_id", "question", "answer", "status", "request", "session_id", "earlier", "correct", "expected",
                 "comment")  # fmt: skip
-        rows = [dict(zip(keys, r, strict=True)) for r in self._read(sql)]
+        rows = [dict(zip(keys, r, strict=True)) for r in self._db.read(sql)]
         for row in rows:
             row["request"] = json.loads(row["request"] or "{}")
             row["correct"] = bool(row["correct"])
@@ -127,16 +124,16 @@ class OptimizeTables:
                 f"INSERT INTO program_versions ({', '.join(_VERSION_COLUMNS)}) VALUES ({', '.join('?' * 10)})", values
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def get_program_version(self, version_id: str) -> dict[str, Any] | None:
-        rows = self._read(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM program_versions WHERE id = ?", (version_id,))
+        rows = self._db.read(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM program_versions WHERE id = ?", (version_id,))
         return record(_VERSION_COLUMNS, rows[0]) if rows else None
 
     def list_program_versions(self) -> list[dict[str, Any]]:
         """Newest first, without their saved state (it can be large)."""
         columns = tuple(c for c in _VERSION_COLUMNS if c != "state_json")
-        rows = self._read(f"SELECT {', '.join(columns)} FROM program_versions ORDER BY created_at DESC, id DESC")
+        rows = self._db.read(f"SELECT {', '.join(columns)} FROM program_versions ORDER BY created_at DESC, id DESC")
         return [record(columns, r) for r in rows]
 
     def activate_program(self, version_id: str | None, action: str, reason: str | None) -> None:
@@ -148,16 +145,16 @@ class OptimizeTables:
                 (version_id, action, redact(reason), time.time()),
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def activations(self) -> list[dict[str, Any]]:
         """Promotions and rollbacks, newest first."""
         keys = ("id", "version_id", "action", "reason", "created_at")
-        rows = self._read(f"SELECT {', '.join(keys)} FROM program_activations ORDER BY id DESC")
+        rows = self._db.read(f"SELECT {', '.join(keys)} FROM program_activations ORDER BY id DESC")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def active_program_version(self) -> str | None:
-        rows = self._read("SELECT version_id FROM program_activations ORDER BY id DESC LIMIT 1")
+        rows = self._db.read("SELECT version_id FROM program_activations ORDER BY id DESC LIMIT 1")
         return rows[0][0] if rows else None
 
     # -- optimizations --------------------------------------------------------------------------
@@ -169,7 +166,7 @@ class OptimizeTables:
             tx.conn.execute(f"INSERT INTO optimizations ({', '.join(_OPT_COLUMNS)}) VALUES ({', '.join('?' * 10)})",
                             values)  # fmt: skip
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)
 
     def update_optimization(self, opt_id: str, **fields: Any) -> None:
         """Set ``version_id`` and/or ``scores`` of an optimization."""
@@ -179,14 +176,14 @@ class OptimizeTables:
             raise ValueError(f"cannot update optimization field(s): {', '.join(bad)}")
         params = [dumps(v) if k.endswith("_json") else v for k, v in columns.items()]
         sql = f"UPDATE optimizations SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?"
-        self._writer.run(lambda tx: tx.conn.execute(sql, [*params, opt_id]))
+        self._db.writer.run(lambda tx: tx.conn.execute(sql, [*params, opt_id]))
 
     def get_optimization(self, opt_id: str) -> dict[str, Any] | None:
-        rows = self._read(f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations WHERE id = ?", (opt_id,))
+        rows = self._db.read(f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations WHERE id = ?", (opt_id,))
         return record(_OPT_COLUMNS, rows[0]) if rows else None
 
     def list_optimizations(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self._read(
+        rows = self._db.read(
             f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
         )
         return [record(_OPT_COLUMNS, r) for r in rows]
@@ -195,7 +192,7 @@ class OptimizeTables:
 
     def cached_eval(self, lineage: str, program_hash: str, example_key: str) -> dict[str, Any] | None:
         keys = ("run_id", "answer", "steps_json", "llm_calls", "cost")
-        rows = self._read(
+        rows = self._db.read(
             f"SELECT {', '.join(keys)} FROM eval_cache WHERE lineage = ? AND program_hash = ? AND example_key = ?",
             (lineage, program_hash, example_key),
         )
@@ -223,4 +220,4 @@ class OptimizeTables:
                 row,
             )
 
-        self._writer.run(insert)
+        self._db.writer.run(insert)

@@ -1,13 +1,26 @@
-"""How the store's tables encode values: compact JSON text on the way in, dicts on the way out.
+"""What every repository of the store shares: the ``Database`` it reads and writes through, and how
+values are encoded (compact JSON text on the way in, dicts on the way out).
 
-Shared by every table module (``store.py``, ``optimize.py``, ``agent.py``) so a value is written and
-read back the same way whichever table holds it.
+Shared by every repository module (``runs.py``, ``sessions.py``, ``uploads.py``, ``records.py``,
+``optimize.py``, ``agent.py``) so a value is written and read back the same way whichever table holds it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fleet_rlm.store.writer import Writer
+
+
+class Database(Protocol):
+    """What a repository needs of its ``Store``: reads on the read connection, writes on the writer thread."""
+
+    @property
+    def writer(self) -> Writer: ...
+
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
 
 
 def dumps(value: Any) -> str:

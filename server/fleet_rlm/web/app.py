@@ -23,7 +23,7 @@ from fleet_rlm.web import errors, optimize, routes_agent, runs, settings, static
 from fleet_rlm.web.api import Endpoint, to_route
 from fleet_rlm.web.openapi import document
 from fleet_rlm.web.security import HostCheck, SecurityHeaders
-from fleet_rlm.web.state import AppState
+from fleet_rlm.web.state import AppState, McpFace
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -62,7 +62,7 @@ def create_app(
     port: int | None = None,
     allow_remote: bool = False,
     ui_dir: Path | None = None,
-    mcp: bool = True,
+    mcp: McpFace | None = None,
     follow_settings: bool = True,
     sse_ping: float = SSE_PING_SECONDS,
 ) -> Starlette:
@@ -75,13 +75,15 @@ def create_app(
     * ``host``/``port``: where it listens, for the Host checks; ``port`` None accepts any port.
       A non-loopback ``host`` needs ``token`` and ``allow_remote`` (``BindError`` otherwise).
     * ``ui_dir``: the UI folder (default: packaged, else the checkout's ``webui/``).
+    * ``mcp``: builds the MCP face served at ``/mcp`` on the same Engine (``fleet web`` hands in
+      ``fleet_rlm.mcp.server.http_app``); None: no MCP (the desktop window).
     * ``follow_settings``: re-read the settings before each run, so saved ones apply at once.
     """
     check_bind(host, token, allow_remote)
     table = endpoints()
 
     async def openapi(_request: Request) -> JSONResponse:
-        return JSONResponse(document(table, mcp=mcp))
+        return JSONResponse(document(table, mcp=mcp is not None))
 
     routes: list[BaseRoute] = [to_route(e) for e in table]
     routes += [Route("/openapi.json", openapi, include_in_schema=False), Route("/mcp", _Mcp())]

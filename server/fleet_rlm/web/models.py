@@ -119,18 +119,6 @@ class UploadList(BaseModel):
 # -- sessions -----------------------------------------------------------------------------------
 
 
-class SessionInfo(BaseModel):
-    id: str
-    name: str | None
-    created_at: float
-    last_used_at: float
-    closed_at: float | None
-
-
-class SessionList(BaseModel):
-    sessions: list[SessionInfo]
-
-
 class SessionsQuery(BaseModel):
     include_closed: bool = False
 

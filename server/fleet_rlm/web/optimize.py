@@ -68,43 +68,35 @@ class CompareQuery(BaseModel):
 
 @routes.add("GET", "/api/datasets", "Datasets for optimization", response=ov.DatasetList)
 async def list_datasets(call: Call) -> ov.DatasetList:
-    return ov.DatasetList(datasets=[ov.DatasetInfo(**d) for d in call.engine.workspace.store.list_datasets()])
+    return datasets.list_datasets(call.engine.workspace)
 
 
 @routes.add("POST", "/api/datasets", "Make a dataset from JSON lines or from judged runs", body=DatasetCreate,
             response=ov.DatasetDetail, status=201, errors=(400, 409))  # fmt: skip
 async def create_dataset(call: Call) -> ov.DatasetDetail:
     body: DatasetCreate = call.body
-    store = call.engine.workspace.store
+    workspace = call.engine.workspace
     if bool(body.jsonl) == body.feedback:
         raise UserError("give jsonl (the rows) or feedback: true (runs marked right or wrong), not both")
-    skipped: list[str] = []
     if body.feedback:
-        rows, skipped = datasets.rows_from_feedback(store)
-        if not rows:
-            raise UserError("no judged run can be replayed: mark answers right or wrong first")
-    else:
-        base = datasets.folder(body.folder) if body.folder else None
-        rows = datasets.parse_jsonl((body.jsonl or "").splitlines(), base)
-    source = "feedback" if body.feedback else "jsonl"
-    made = await datasets.create(store, body.name, rows, source=source, holdout=body.holdout, seed=body.seed)
-    return ov.DatasetDetail(**made, rows=store.dataset_rows(made["id"]), skipped=skipped)
+        return await datasets.create_from_feedback(workspace, body.name, holdout=body.holdout, seed=body.seed)
+    base = datasets.folder(body.folder) if body.folder else None
+    rows = datasets.parse_jsonl((body.jsonl or "").splitlines(), base)
+    return await datasets.create(workspace, body.name, rows, source="jsonl", holdout=body.holdout, seed=body.seed)
 
 
 @routes.add("GET", "/api/datasets/{name}", "A dataset with its rows and split", response=ov.DatasetDetail)
 async def get_dataset(call: Call) -> ov.DatasetDetail:
-    store = call.engine.workspace.store
-    found = datasets.require(store, call.path["name"])
-    return ov.DatasetDetail(**found, rows=store.dataset_rows(found["id"]))
+    return datasets.detail(call.engine.workspace, call.path["name"])
 
 
 @routes.add("GET", "/api/datasets/{name}/export", "A dataset as JSON lines", media_type="application/x-ndjson")
 async def export_dataset(call: Call) -> StreamingResponse:
-    store, name = call.engine.workspace.store, call.path["name"]
-    datasets.require(store, name)  # a 404 before the stream starts
+    workspace, name = call.engine.workspace, call.path["name"]
+    datasets.require(workspace, name)  # a 404 before the stream starts
 
     def lines() -> Iterator[str]:
-        yield from datasets.export_lines(store, name)
+        yield from datasets.export_lines(workspace, name)
 
     disposition = f'attachment; filename="{name}.jsonl"'
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"content-disposition": disposition})
@@ -125,28 +117,28 @@ async def start_optimization(call: Call) -> OptimizationStarted:
 
 @routes.add("GET", "/api/optimizations", "Recent optimizations, newest first", response=ov.OptimizationList)
 async def list_optimizations(call: Call) -> ov.OptimizationList:
-    return runner.list_optimizations(call.engine.workspace.store)
+    return runner.list_optimizations(call.engine.workspace)
 
 
 @routes.add("GET", "/api/optimizations/{run_id}", "An optimization as it is now (trials, scores, version)",
             response=ov.OptimizationState)  # fmt: skip
 async def get_optimization(call: Call) -> ov.OptimizationState:
-    return runner.state(call.engine.workspace.store, call.path["run_id"])
+    return runner.state(call.engine.workspace, call.path["run_id"])
 
 
 @routes.add("POST", "/api/optimizations/{run_id}/cancel", "Stop an optimization of this server",
             response=Cancelled)  # fmt: skip
 async def cancel_optimization(call: Call) -> Cancelled:
     opt_id = call.path["run_id"]
-    current = runner.state(call.engine.workspace.store, opt_id)
+    current = runner.state(call.engine.workspace, opt_id)
     cancelled = current.status in ACTIVE_STATUSES and await call.engine.cancel(opt_id)
-    return Cancelled(cancelled=cancelled, status=runner.state(call.engine.workspace.store, opt_id).status)
+    return Cancelled(cancelled=cancelled, status=runner.state(call.engine.workspace, opt_id).status)
 
 
 @routes.add("GET", "/api/optimizations/{run_id}/events", "An optimization's events as Server-Sent Events",
             query=EventsQuery, media_type="text/event-stream")  # fmt: skip
 async def optimization_events(call: Call) -> object:
-    runner.state(call.engine.workspace.store, call.path["run_id"])  # 404 unless it is an optimization
+    runner.state(call.engine.workspace, call.path["run_id"])  # 404 unless it is an optimization
     return await stream_events(call)
 
 
@@ -156,33 +148,33 @@ async def optimization_events(call: Call) -> object:
 @routes.add("GET", "/api/programs", "Program versions, the active one and the promotion history",
             response=ov.VersionList)  # fmt: skip
 async def list_programs(call: Call) -> ov.VersionList:
-    return versions.list_versions(call.engine.workspace.store)
+    return versions.list_versions(call.engine.workspace)
 
 
 @routes.add("GET", "/api/programs/compare", "Two versions side by side: scores, instruction diff, demos",
             query=CompareQuery, response=ov.Comparison)  # fmt: skip
 async def compare_programs(call: Call) -> ov.Comparison:
-    return versions.compare(call.engine.workspace.store, call.query.a, call.query.b)
+    return versions.compare(call.engine.workspace, call.query.a, call.query.b)
 
 
 @routes.add("GET", "/api/programs/{version_id}", "A version: scores, and the instructions and demos it changed",
             response=ov.VersionDetail)  # fmt: skip
 async def get_program(call: Call) -> ov.VersionDetail:
-    return versions.show(call.engine.workspace.store, call.path["version_id"])
+    return versions.show(call.engine.workspace, call.path["version_id"])
 
 
 @routes.add("POST", "/api/programs/{version_id}/promote", "Make a version active (behind the promotion gate)",
             body=Promote, response=ov.VersionList, errors=(400, 404, 409))  # fmt: skip
 async def promote_program(call: Call) -> ov.VersionList:
     body: Promote = call.body
-    store = call.engine.workspace.store
-    await versions.promote(store, call.path["version_id"], override=body.override, tolerance=body.tolerance)
-    return versions.list_versions(store)
+    workspace = call.engine.workspace
+    await versions.promote(workspace, call.path["version_id"], override=body.override, tolerance=body.tolerance)
+    return versions.list_versions(workspace)
 
 
 @routes.add("POST", "/api/programs/rollback", "Make the previously active version active again",
             response=ov.VersionList, errors=(400, 409))  # fmt: skip
 async def rollback_program(call: Call) -> ov.VersionList:
-    store = call.engine.workspace.store
-    await versions.rollback(store)
-    return versions.list_versions(store)
+    workspace = call.engine.workspace
+    await versions.rollback(workspace)
+    return versions.list_versions(workspace)

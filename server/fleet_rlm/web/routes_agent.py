@@ -139,8 +139,7 @@ async def send(call: Call) -> object:
 async def list_approvals(call: Call) -> ApprovalList:
     host, q = _host(call), call.query
     host.expire()
-    rows = host.store.list_approvals(status=q.status, conversation_id=q.conversation_id)
-    return ApprovalList(approvals=[v.Approval(**r) for r in rows])
+    return ApprovalList(approvals=host.approvals(status=q.status, conversation_id=q.conversation_id))
 
 
 @routes.add(

@@ -14,7 +14,7 @@ from starlette.types import Message, Receive
 from fleet_rlm.core import housekeeping, html_export, operations, uploads, views
 from fleet_rlm.core.rerun import ReplayReport
 from fleet_rlm.core.views import CancelResult
-from fleet_rlm.errors import NotFound, UserError
+from fleet_rlm.errors import UserError
 from fleet_rlm.types import RunRequest
 from fleet_rlm.web import models as m
 from fleet_rlm.web.api import Call, Routes
@@ -48,7 +48,7 @@ async def start_run(call: Call) -> m.RunStarted:
             query=m.DeleteRunsQuery, response=m.Deleted)  # fmt: skip
 async def delete_old_runs(call: Call) -> m.Deleted:
     engine, days = call.engine, call.query.older_than_days
-    count = await asyncio.to_thread(housekeeping.delete_runs_older_than, engine.workspace.store, engine.settings, days)
+    count = await asyncio.to_thread(housekeeping.delete_runs_older_than, engine.workspace, engine.settings, days)
     return m.Deleted(deleted=count)
 
 
@@ -61,8 +61,7 @@ async def get_run(call: Call) -> views.RunState:
             status=204, errors=(400, 404, 409))  # fmt: skip
 async def delete_run(call: Call) -> None:
     engine = call.engine
-    run_id = engine.workspace.resolve_run(call.path["run_id"])
-    await asyncio.to_thread(housekeeping.delete_run, engine.workspace.store, engine.settings, run_id)
+    await asyncio.to_thread(housekeeping.delete_run, engine.workspace, engine.settings, call.path["run_id"])
 
 
 @routes.add("POST", "/api/runs/{run_id}/replay", "Replay a finished run from its record (no model calls)",
@@ -177,7 +176,7 @@ def _counting(receive: Receive, limit: int, fail: Exception) -> Receive:
 @routes.add("POST", "/api/uploads", "Upload files (multipart 'file' parts) to use as run context",
             body_kind="multipart", response=m.UploadList, status=201, errors=(400, 413))  # fmt: skip
 async def upload(call: Call) -> m.UploadList:
-    settings, store = call.engine.settings, call.engine.workspace.store
+    settings, workspace = call.engine.settings, call.engine.workspace
     limit, refusal = uploads.limit_bytes(settings), uploads.too_large(settings)
     declared = call.request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit + 64 * 1024:  # the parts' headers are not the files
@@ -194,7 +193,7 @@ async def upload(call: Call) -> m.UploadList:
             try:
                 while chunk := await part.read(CHUNK):
                     await asyncio.to_thread(writer.write, chunk)
-                saved.append(m.Upload(**await asyncio.to_thread(writer.commit, store)))
+                saved.append(m.Upload(**await asyncio.to_thread(writer.commit, workspace)))
             except BaseException:
                 await asyncio.to_thread(writer.discard)
                 raise
@@ -207,10 +206,9 @@ async def upload(call: Call) -> m.UploadList:
 
 
 @routes.add("GET", "/api/sessions", "Sessions (REPLs that outlive one run), most recently used first",
-            query=m.SessionsQuery, response=m.SessionList)  # fmt: skip
-async def list_sessions(call: Call) -> m.SessionList:
-    rows = call.engine.workspace.store.list_sessions(include_closed=call.query.include_closed)
-    return m.SessionList(sessions=[m.SessionInfo.model_validate(r, from_attributes=True) for r in rows])
+            query=m.SessionsQuery, response=views.SessionList)  # fmt: skip
+async def list_sessions(call: Call) -> views.SessionList:
+    return call.engine.workspace.list_sessions(include_closed=call.query.include_closed)
 
 
 @routes.add("POST", "/api/sessions", "Open a session", body=m.SessionCreate, response=m.SessionCreated, status=201)
@@ -220,7 +218,5 @@ async def open_session(call: Call) -> m.SessionCreated:
 
 @routes.add("DELETE", "/api/sessions/{session_id}", "Close a session and its REPL", status=204)
 async def close_session(call: Call) -> None:
-    session_id = call.path["session_id"]
-    if call.engine.workspace.store.get_session(session_id) is None:
-        raise NotFound(f"no session '{session_id}': GET /api/sessions lists them")
-    await call.engine.close_session(session_id)
+    session = call.engine.workspace.session(call.path["session_id"])  # a 404 for an unknown one
+    await call.engine.close_session(session.id)

@@ -14,10 +14,13 @@ import logging
 import sys
 import threading
 import webbrowser
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from fleet_rlm.errors import FleetError
 from fleet_rlm.http_auth import check_bind, listen, log_to_stderr, resolve_token, url_of, warn_if_unfenced
+
+if TYPE_CHECKING:
+    from fleet_rlm.web.state import McpFace
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 8000
@@ -27,16 +30,18 @@ def sign_in_url(base: str, token: str | None) -> str:
     return f"{base}/#token={token}" if token else f"{base}/"
 
 
-def announce(url: str, mcp_url: str, out: TextIO) -> None:
+def announce(url: str, mcp_url: str | None, out: TextIO) -> None:
     print(f"fleet web: open {url}", file=out)
-    print(f"fleet web: MCP clients connect to {mcp_url} with 'Authorization: Bearer <the token above>'", file=out)
+    if mcp_url:
+        print(f"fleet web: MCP clients connect to {mcp_url} with 'Authorization: Bearer <the token above>'", file=out)
     print("fleet web: the address carries this launch's token; anyone with it can use the server", file=out)
     out.flush()
 
 
 def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bool = True,
-          allow_remote: bool = False, out: TextIO | None = None) -> None:  # fmt: skip
-    """Run ``fleet web`` until stopped (blocking). Raises BindError/OSError before listening when refused."""
+          allow_remote: bool = False, out: TextIO | None = None, mcp: McpFace | None = None) -> None:  # fmt: skip
+    """Run ``fleet web`` until stopped (blocking), with the MCP face ``mcp`` builds at ``/mcp``.
+    Raises BindError/OSError before listening when refused."""
     import uvicorn
 
     from fleet_rlm.web.app import create_app
@@ -47,11 +52,11 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bo
     check_bind(host, token, allow_remote)
     sock = listen(host, port)
     bound_port = sock.getsockname()[1]
-    app = create_app(token=token, host=host, port=bound_port, allow_remote=allow_remote)
+    app = create_app(token=token, host=host, port=bound_port, allow_remote=allow_remote, mcp=mcp)
     warn_if_unfenced(host, log)
     base = url_of(sock)
     url = sign_in_url(base, token)
-    announce(url, f"{base}/mcp", out)
+    announce(url, f"{base}/mcp" if mcp else None, out)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
     if open_browser:
         threading.Thread(target=_open_when_up, args=(server, url), daemon=True).start()
@@ -67,11 +72,11 @@ def _open_when_up(server: object, url: str) -> None:
         print("fleet web: could not open a browser: open the address above yourself", file=sys.stderr)
 
 
-def cmd_web(args: argparse.Namespace) -> int:
-    """The ``fleet web`` command (``fleet_rlm.cli.main`` parses its arguments)."""
+def cmd_web(args: argparse.Namespace, mcp: McpFace | None = None) -> int:
+    """The ``fleet web`` command (``fleet_rlm.cli.main`` parses its arguments and hands in the MCP face)."""
     log_to_stderr()
     try:
-        serve(args.host, args.port, open_browser=not args.no_open, allow_remote=args.allow_remote)
+        serve(args.host, args.port, open_browser=not args.no_open, allow_remote=args.allow_remote, mcp=mcp)
     except (FleetError, OSError) as exc:  # BindError, a busy port, a bad setting
         print(f"error: {exc}", file=sys.stderr)
         return 2

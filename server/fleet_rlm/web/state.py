@@ -2,7 +2,8 @@
 
 Both open in the background when the app starts, so ``/health`` answers within a fraction of a
 second of launch while the runtime (dspy, litellm: seconds to import) loads; API requests wait
-for it. Also the janitor that applies the retention setting, at start and every few hours.
+for it. The MCP app is built by a factory the entry point hands in (``McpFace``): the faces never
+import each other. Also the janitor that applies the retention setting, at start and every few hours.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import importlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.types import ASGIApp, Message
 
@@ -26,6 +27,15 @@ log = logging.getLogger(__name__)
 JANITOR_SECONDS = 6 * 3600.0
 
 
+class McpFace(Protocol):
+    """Builds the MCP face's HTTP app on a running Engine behind this guard (``fleet_rlm.mcp.server.
+    http_app``): the same token, Host checks and remote policy as ``fleet-mcp --transport http``."""
+
+    def __call__(
+        self, engine: Engine, *, token: str | None, host: str, port: int | None, allow_remote: bool
+    ) -> ASGIApp: ...
+
+
 class AppState:
     """The app's Engine (given, or opened and closed here) and its MCP app."""
 
@@ -37,16 +47,15 @@ class AppState:
         host: str,
         port: int | None,
         allow_remote: bool,
-        mcp: bool,
+        mcp: McpFace | None,
         follow_settings: bool,
         sse_ping: float,
     ) -> None:
         self._given = engine
         self._engine = engine
         self.sse_ping = sse_ping  # seconds between keep-alive comments on quiet SSE streams
-        self._mcp_options: dict[str, Any] | None = (
-            {"token": token, "host": host, "port": port, "allow_remote": allow_remote} if mcp else None
-        )
+        self._mcp = mcp
+        self._mcp_guard: dict[str, Any] = {"token": token, "host": host, "port": port, "allow_remote": allow_remote}
         self.follow_settings = follow_settings
         self.mcp_app: ASGIApp | None = None
         self._ready = asyncio.Event()
@@ -76,8 +85,8 @@ class AppState:
                 module = await asyncio.to_thread(importlib.import_module, "fleet_rlm.core.engine")
                 settings = await asyncio.to_thread(load_settings)
                 self._engine = await self._stack.enter_async_context(module.Engine(settings))
-            if self._mcp_options is not None:
-                self.mcp_app = await self._mount_mcp(self._engine)
+            if self._mcp is not None:
+                self.mcp_app = await self._mount_mcp(self._mcp, self._engine)
             self._tasks.append(asyncio.create_task(self._janitor(), name="fleet web: retention"))
         except FleetError as exc:
             self._failure = exc
@@ -87,11 +96,9 @@ class AppState:
         finally:
             self._ready.set()
 
-    async def _mount_mcp(self, engine: Engine) -> ASGIApp:
-        """The MCP face's own HTTP app (same auth as ``fleet-mcp --transport http``) on our Engine."""
-        server = await asyncio.to_thread(importlib.import_module, "fleet_rlm.mcp.server")
-        http = await asyncio.to_thread(importlib.import_module, "fleet_rlm.mcp.http")
-        app: ASGIApp = http.build_http_app(server.build_server(engine), **(self._mcp_options or {}))
+    async def _mount_mcp(self, mcp: McpFace, engine: Engine) -> ASGIApp:
+        """The MCP face's own HTTP app on our Engine, built off the event loop (it imports the SDK)."""
+        app = await asyncio.to_thread(lambda: mcp(engine, **self._mcp_guard))
         await self._stack.enter_async_context(lifespan_of(app))
         return app
 
@@ -101,7 +108,7 @@ class AppState:
         engine = await self.engine()
         while True:
             try:
-                deleted = await asyncio.to_thread(apply_retention, engine.workspace.store, engine.settings)
+                deleted = await asyncio.to_thread(apply_retention, engine.workspace, engine.settings)
                 if deleted:
                     log.info("retention: deleted %d run(s)", deleted)
             except Exception:
