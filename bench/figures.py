@@ -411,17 +411,26 @@ def desktop_launch(b: Bench) -> Result:
                   {"fleet_s": fleet_s, "bare_s": bare_s, "gap_s": gap}, ratios, notes)  # fmt: skip
 
 
+def _warm_mean(alone: list[float]) -> float:
+    """A warm run's CPU: the runs after the first (it warms the runtime up), averaged, since /proc
+    counts CPU in 10 ms ticks and one run costs a few of them."""
+    warm = alone[1:] or alone
+    return sum(warm) / len(warm)
+
+
 def _load_result(prefix: str, d: dict[str, Any], sandboxes: str) -> Result:
     """The table and ratios of one load measurement (``bench.load.measure_load``)."""
     mb = [kb / 1024 for kb in d["rss_kb"]]  # idle, after each wave
     peak_mb = d["peak_rss_kb"][0] / 1024
     per_run = (peak_mb - mb[0]) / d["runs_at_once"]
     finished = d["succeeded"] == d["complete_streams"] == d["attempted"] and not d["failures"]
-    lag, sse = d["lag_p99_ms"], d["sse_p95_ms"]
+    lag, sse, cpu = d["lag_p99_ms"], d["sse_p95_ms"], d["cpu_per_run_s"]
     fds = d["fds"]
     ratios = {
         f"{prefix}.all_finished": 1.0 if finished else round(d["succeeded"] / max(1, d["attempted"]), 2),
         f"{prefix}.wall_over_floor": _ratio(d["seconds"][0], d["floor_s"]),
+        f"{prefix}.wall_over_alone": _ratio(min(d["seconds"]), min(d["alone_seconds"])),
+        f"{prefix}.cpu_per_run_over_alone": _ratio(min(cpu["wave"]), _warm_mean(cpu["alone"])),
         f"{prefix}.rss_second_over_first": _ratio(mb[-1], mb[1]),
         f"{prefix}.fds_after_over_idle": _ratio(fds[-1]["other"], fds[0]["other"]),
         f"{prefix}.lag_p99_over_idle": _ratio(lag.get("wave"), lag.get("idle")),
@@ -436,6 +445,11 @@ def _load_result(prefix: str, d: dict[str, Any], sandboxes: str) -> Result:
          f"(seq 1 to run.finished), {len(d['failures'])} failed requests or 5xx", "", ""],
         ["wall time, first POST to last run.finished", " / ".join(f"{s:.2f} s" for s in d["seconds"]),
          f"{d['floor_s']:.2f} s (model-bound floor)", _x(ratios[f"{prefix}.wall_over_floor"])],
+        ["wall time, fastest wave against the fastest run alone", f"{min(d['seconds']):.2f} s",
+         f"{min(d['alone_seconds']):.2f} s (one run alone)", _x(ratios[f"{prefix}.wall_over_alone"])],
+        ["CPU per run (server and its sandboxes), fastest wave", _ms(min(cpu["wave"]) * 1000),
+         f"{_ms(_warm_mean(cpu['alone']) * 1000)} a warm run alone",
+         _x(ratios[f"{prefix}.cpu_per_run_over_alone"])],
         ["server RSS: peak in wave 1, per concurrent run", f"{peak_mb:.0f} MB, {per_run:.2f} MB",
          f"{mb[0]:.0f} MB idle", ""],
         ["server RSS after wave 1 / wave 2", f"{mb[1]:.0f} MB / {mb[2]:.0f} MB" if len(mb) > 2 else "-", "",
@@ -459,7 +473,7 @@ def web_load(b: Bench) -> Result:
     latency, each run one batch of 16 sub-calls, followed over SSE; two waves (`bench/load.py`)."""
     runs = 10 if b.quick else 100
     env = web.web_env(b.work / "load-home", b.sim.base_url, MODEL)
-    data = load.measure_load(b.sim, env, runs, alone=1 if b.quick else 3, idle_seconds=0.5 if b.quick else 2.0)
+    data = load.measure_load(b.sim, env, runs, alone=3, idle_seconds=0.5 if b.quick else 2.0)
     return _load_result("load", data, "sandbox processes below the server")
 
 

@@ -135,7 +135,11 @@ async def wave(server: web.WebServer, bodies: list[dict[str, Any]], on_event: On
         if response.status_code >= 500:
             failures.append(f"{response.request.method} {response.request.url.path}: {response.status_code}")
 
-    limits = httpx.Limits(max_connections=2 * len(bodies) + 8, max_keepalive_connections=2 * len(bodies) + 8)
+    # Idle connections expire well before the server's 5 s keep-alive (uvicorn's default): a client loop
+    # starved past it by a busy machine would otherwise reuse one the server is closing (ReadError).
+    limits = httpx.Limits(
+        max_connections=2 * len(bodies) + 8, max_keepalive_connections=2 * len(bodies) + 8, keepalive_expiry=2.0
+    )
     async with httpx.AsyncClient(
         base_url=server.base, headers={"Authorization": f"Bearer {server.token}"}, timeout=300, limits=limits,
         event_hooks={"response": [count_5xx]},
@@ -221,14 +225,18 @@ def measure_load(
     out: dict[str, Any] = {"runs_at_once": runs, "floor_s": floor_seconds(job)}
     try:
         with web.web_server(env) as server:
-            lone = [asyncio.run(wave(server, [run_body(job, -k)])) for k in range(1, alone + 1)]
+            lone, alone_cpu = [], []
+            for k in range(1, alone + 1):
+                with cpu_spent(server.pid, alone_cpu):
+                    lone.append(asyncio.run(wave(server, [run_body(job, -k)])))
             prober = Prober(int(server.base.rsplit(":", 1)[1]))
             time.sleep(idle_seconds)  # the idle window the prober samples
             out["rss_kb"], out["fds"] = [procs.rss_kb(server.pid)], [_fds(server.pid, model_port)]
             done: list[Wave] = []
+            wave_cpu: list[float] = []
             for _ in range(waves):
                 prober.phase("wave")
-                with peak_rss(server.pid) as peak:
+                with peak_rss(server.pid) as peak, cpu_spent(server.pid, wave_cpu):
                     done.append(asyncio.run(wave(server, [run_body(job, i) for i in range(runs)])))
                 prober.phase("after")
                 done[-1].peak_rss_kb = peak[0]
@@ -241,6 +249,10 @@ def measure_load(
     out["alone"] = _outcome(lone, job)
     out.update(_outcome(done, job))
     out["seconds"] = [round(w.seconds, 3) for w in done]
+    out["alone_seconds"] = [round(w.seconds, 3) for w in lone]
+    # CPU per run (server and reaped sandboxes): steady however busy the machine is. The first run
+    # alone warms the runtime up, so the later ones are the baseline.
+    out["cpu_per_run_s"] = {"alone": [round(c, 3) for c in alone_cpu], "wave": [round(c / runs, 3) for c in wave_cpu]}
     out["peak_rss_kb"] = [w.peak_rss_kb for w in done]
     out["lag_p99_ms"] = {phase: percentile(samples, 99) for phase, samples in lag.items()}
     out["lag_samples"] = {phase: len(samples) for phase, samples in lag.items()}
@@ -249,6 +261,14 @@ def measure_load(
         "load": percentile([d for w in done for r in w.runs for d in r.delays_ms], 95),
     }
     return out
+
+
+@contextmanager
+def cpu_spent(pid: int, into: list[float]) -> Iterator[None]:
+    """Append the CPU seconds ``pid`` (with its reaped children) spends inside the block to ``into``."""
+    before = procs.cpu_seconds(pid)
+    yield
+    into.append(procs.cpu_seconds(pid) - before)
 
 
 def _fds(pid: int, model_port: int) -> dict[str, int]:
@@ -299,7 +319,7 @@ def double_leftovers(api_url: str, double_pid: int) -> int:
 # -- the fault wave -------------------------------------------------------------------------------
 
 QUOTA_MB = 1
-OUTAGE = [(429, 0.5), (500, 0.5)]  # the model refuses every request for a second: rate limit, then error
+OUTAGE = [429] * 30 + [500] * 30  # the model refuses 60 requests in a row: rate limit, then error
 
 
 @dataclass
@@ -314,8 +334,9 @@ class FaultWave:
 def fault_wave(sim: SimLM, env: dict[str, str], runs: int, volume: str = "fill") -> FaultWave:
     """A wave of ``runs`` at once (``env`` must set FLEET_VOLUME_QUOTA_MB to QUOTA_MB) where one run's
     sandbox worker is killed with SIGKILL mid-step, one run writes past its volume's quota, and the
-    model fails every request for a second (OUTAGE) once the wave is in full flow (as many root
-    calls made as there are runs); the rest are load runs.
+    model fails the next 60 requests (OUTAGE) once the wave is in full flow (as many root calls made
+    as there are runs), sparing the two runs that meet the other faults; the rest are load runs. Each
+    fault is set off by a count, never a clock, so a busy machine meets the same faults.
 
     The load runs name a volume of their own: a run that names none mounts every volume, and may
     be the one told that the writer's file was trimmed (docs/benchmarks.md, the fault wave)."""
@@ -323,24 +344,20 @@ def fault_wave(sim: SimLM, env: dict[str, str], runs: int, volume: str = "fill")
     for w in (job, victim, writer):
         sim.play(w.tag, w.steps)
     sim.configure(LATENCY)
+    sim.outage(after=runs, statuses=OUTAGE, spare=(victim.tag, writer.tag))
     bodies = [run_body(victim, 0, volume="work"), run_body(writer, 1, volume=volume)]
     bodies += [run_body(job, i, volume="work") for i in range(2, runs)]
     out = FaultWave(Wave(0, [], 0.0, []))
-    root_calls = 0
     try:
         with web.web_server(env) as server:
 
             def strike(run: Followed, event: dict[str, Any]) -> None:
-                nonlocal root_calls
                 if event["kind"] == "run.started":
                     question = event["data"]["question"]
                     out.victim = run.run_id if victim.tag in question else out.victim
                     out.writer = run.run_id if writer.tag in question else out.writer
                 if event["kind"] != "lm.call":
                     return
-                root_calls += 1
-                if root_calls == runs:
-                    sim.outage(OUTAGE)
                 if run.run_id == out.victim and event["data"]["step"] == 2:  # its step 2 sleeps in the sandbox
                     out.killed_pid = kill_worker(server.pid, run.run_id)
 
@@ -348,6 +365,7 @@ def fault_wave(sim: SimLM, env: dict[str, str], runs: int, volume: str = "fill")
             out.left = settle(lambda: len(procs.descendants(server.pid)))
     finally:
         sim.configure(0.0)
+        sim.reset()
     return out
 
 

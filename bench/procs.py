@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,14 @@ def rss_kb(pid: int) -> int:
             return int(f.read().split()[1]) * PAGE_KB
     except OSError:
         return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` and of every child it has reaped (their children's too:
+    each parent reaps its own), e.g. a server and the sandboxes of its finished runs."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(t) for t in fields[11:15]) / TICKS  # utime, stime, cutime, cstime
 
 
 def open_fds(pid: int) -> int:

@@ -14,13 +14,12 @@ import http.client
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.support.oracle_lm import OracleLM, OracleState, Scenario
+from tests.support.oracle_lm import OracleLM, OracleState, Outage, Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,16 +38,6 @@ def _stats(state: OracleState) -> dict[str, Any]:
             "reply_chars": sum(r.reply_chars for r in mine),
         }
     return out
-
-
-def _outage(state: OracleState, phases: list[tuple[int, float]]) -> None:
-    """Fail every request with each phase's HTTP status for its seconds, then answer again."""
-    for status, seconds in phases:
-        with state.lock:
-            state.fail_kind = {"root": status, "sub": status}
-        time.sleep(seconds)
-    with state.lock:
-        state.fail_kind = {}
 
 
 def serve() -> None:
@@ -73,10 +62,12 @@ def serve() -> None:
                 with state.lock:
                     state.requests.clear()
                     state.max_in_flight = 0
+                    state.outage = None
             elif op == "stats":
                 reply = _stats(state)
             elif op == "outage":
-                threading.Thread(target=_outage, args=(state, cmd["phases"]), daemon=True).start()
+                with state.lock:
+                    state.outage = Outage(cmd["after"], list(cmd["statuses"]), tuple(cmd["spare"]))
             else:
                 reply = {"ok": False, "error": f"unknown op {op}"}
             print(json.dumps(reply), flush=True)
@@ -118,9 +109,10 @@ class SimLM:
     def stats(self) -> dict[str, Any]:
         return self._call(op="stats")
 
-    def outage(self, phases: list[tuple[int, float]]) -> None:
-        """From now on, every request fails with each (status, seconds) in turn; then all is well."""
-        self._call(op="outage", phases=phases)
+    def outage(self, after: int, statuses: list[int], spare: tuple[str, ...] = ()) -> None:
+        """Once ``after`` root calls have arrived, fail the next requests with ``statuses``, one each,
+        sparing those that mention a ``spare`` text (``oracle_lm.Outage``); ``reset`` ends it."""
+        self._call(op="outage", after=after, statuses=statuses, spare=list(spare))
 
     def keepalive_check(self, requests: int = 12) -> dict[str, float]:
         """Milliseconds for a fresh connection's first request and the median of later ones."""

@@ -1,9 +1,10 @@
 """Faults under load: a wave of 100 runs at once through the real `fleet web` process and the
 real local sandbox, during which one run's sandbox worker is killed with SIGKILL mid-step, the
-model refuses every request for a second (429, then 500), and one run writes past its volume's
-quota. The affected runs end with the reason in their record, every other run finishes with its
-answer, nothing is lost (each run's stored events run from seq 1 to run.finished), no request gets
-a 5xx and no sandbox process is left. Outcomes only: no time is asserted."""
+model refuses 60 requests in a row (429, then 500), and one run writes past its volume's quota.
+Each fault is set off by a count, never a clock, so a busy machine meets the same faults. The
+affected runs end with the reason in their record, every other run finishes with its answer,
+nothing is lost (each run's stored events run from seq 1 to run.finished), no request gets a 5xx
+and no sandbox process is left. Outcomes only: no time is asserted."""
 
 from __future__ import annotations
 

@@ -83,6 +83,25 @@ class Request:
 
 
 @dataclass
+class Outage:
+    """Requests failed by count, not by clock, so a slow machine meets the same outage: once ``after``
+    root calls have arrived, the next requests get ``statuses`` in order (one each), except those whose
+    prompt mentions one of ``spare`` (runs that must meet another fault, not this one)."""
+
+    after: int
+    statuses: list[int]
+    spare: tuple[str, ...] = ()
+    roots: int = 0
+
+    def strike(self, is_root: bool, prompt: Callable[[], str]) -> int | None:
+        self.roots += is_root
+        if self.roots < self.after or not self.statuses:
+            return None
+        text = prompt()
+        return None if any(tag in text for tag in self.spare) else self.statuses.pop(0)
+
+
+@dataclass
 class OracleState:
     scenarios: list[Scenario] = field(default_factory=list)
     latency: float = 0.0
@@ -91,6 +110,7 @@ class OracleState:
     keep_messages: bool = True  # benchmarks send gigabytes of prompts: keep only their sizes
     fail_next: list[int] = field(default_factory=list)  # HTTP statuses to return before succeeding
     fail_kind: dict[str, int] = field(default_factory=dict)  # "root"/"sub" -> status for every such request
+    outage: Outage | None = None
     echo_secrets: bool = False  # failures quote the Authorization header and the key: bare, reversed, in 4 pieces
     # What ``GET /models`` lists: a run's preflight passes these without a call (any name gets answers).
     models: tuple[str, ...] = ("oracle", "gpt-4o-mini", "gpt-5-mini")
@@ -260,6 +280,8 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 state.requests.append(record)
                 delay = max(0.0, state.latency + state.rng.uniform(-state.jitter, state.jitter))
                 failure = state.fail_next.pop(0) if state.fail_next else state.fail_kind.get(kind)
+                if not failure and state.outage is not None:
+                    failure = state.outage.strike(is_root, lambda: " ".join(_text(m.get("content")) for m in messages))
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
