@@ -216,22 +216,37 @@ def test_lint_imports_names_a_planted_violation(tmp_path: Path, module: str, imp
     assert f"{planted} ->" in done.stdout and contract in done.stdout
 
 
-# -- the faces never reach the store by attribute (issue 19) ----------------------------------------
+# -- the faces never reach the store or the volume store by attribute (issue 19) --------------------
 # import-linter sees imports only: a face that reads ``engine.workspace.store`` imports nothing, yet
 # skips the operations every face shares. These attributes are the backends' handles.
 
 FACE_ROOTS = (ROOT / "server" / "fleet_rlm" / "cli", ROOT / "server" / "fleet_rlm" / "mcp",
               ROOT / "server" / "fleet_rlm" / "web", ROOT / "shell" / "fleet_shell")  # fmt: skip
 BACKEND_HANDLES = frozenset({"store", "_models", "_spawn"})
+# ``engine.volumes`` (and ``workspace.volumes``) is the volume store: read off a name or an attribute.
+# Off a call it is a view's field (``workspace.volume_list().volumes``); ``x.volumes()`` is a face's own
+# method and ``fleet_rlm.volumes`` the module: neither counts.
+VOLUMES = "volumes"
 
 
-def _handle_read(node: ast.expr) -> str | None:
-    """The backend handle ``node`` reads: ``x.store``, or ``getattr(x, "store")`` with a literal name."""
+def _module_path(node: ast.expr) -> bool:
+    """Whether ``node`` is a dotted name rooted at one of our packages (``fleet_rlm.web``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in PACKAGES
+
+
+def _handle_read(node: ast.expr, called: set[int]) -> str | None:
+    """The backend handle ``node`` reads: ``x.store``, ``x.volumes`` (see above), or ``getattr(x, "store")``
+    with a literal name. ``called``: ids of the expressions that are called."""
     if isinstance(node, ast.Attribute) and node.attr in BACKEND_HANDLES:
         return node.attr
+    if isinstance(node, ast.Attribute) and node.attr == VOLUMES:
+        off_a_handle = isinstance(node.value, ast.Name | ast.Attribute) and not _module_path(node.value)
+        return VOLUMES if off_a_handle and id(node) not in called else None
     if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
         name = node.args[1] if len(node.args) > 1 else None
-        if isinstance(name, ast.Constant) and name.value in BACKEND_HANDLES:
+        if isinstance(name, ast.Constant) and name.value in BACKEND_HANDLES | {VOLUMES}:
             return str(name.value)
     return None
 
@@ -242,15 +257,29 @@ def backend_reads(roots: tuple[Path, ...]) -> list[str]:
     for root in roots:
         for path in root.rglob("*.py"):
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
             exprs = (n for n in ast.walk(tree) if isinstance(n, ast.expr))
-            found += [(path.relative_to(root.parent), e.lineno, h) for e in exprs if (h := _handle_read(e))]
+            found += [(path.relative_to(root.parent), e.lineno, h) for e in exprs if (h := _handle_read(e, called))]
     return [f"{path}:{line}: .{handle}" for path, line, handle in sorted(found)]
 
 
 def test_the_faces_reach_no_backend_handle() -> None:
     found = backend_reads(FACE_ROOTS)
-    why = "the faces call an operation (core.operations, Workspace, AgentHost, fleet_rlm.optimize), never the store"
+    why = ("the faces call an operation (core.operations, Workspace, AgentHost, fleet_rlm.optimize), never the "
+           "store or the volume store")  # fmt: skip
     assert not found, why + ":\n" + "\n".join(found)
+
+
+# A face's own names that merely contain or equal "volumes": none is a handle.
+CLEAN_FACE = """\
+import fleet_rlm.volumes
+from fleet_rlm.web import volumes
+
+def ok(engine, api):
+    uri = fleet_rlm.volumes.volume_uri("notes")
+    names = [v.name for v in engine.workspace.volume_list().volumes]
+    return engine.workspace.run('last'), names, api.volumes(), volumes.routes, uri
+"""
 
 
 @pytest.mark.parametrize(
@@ -259,9 +288,12 @@ def test_the_faces_reach_no_backend_handle() -> None:
         ("def rows(engine):\n    return engine.workspace.store.runs.list()\n", "web/planted.py:2: .store"),
         ("def lms(engine):\n    return getattr(engine, '_models')\n", "web/planted.py:2: ._models"),
         ("async def box(engine, req):\n    await engine._spawn(req)\n", "web/planted.py:2: ._spawn"),
+        ("def put(call):\n    return call.engine.volumes.write('v', 'memory/a', 'x')\n", "web/planted.py:2: .volumes"),
+        ("def ls(ws):\n    return ws.workspace.volumes.names()\n", "web/planted.py:2: .volumes"),
+        ("def store(engine):\n    return getattr(engine, 'volumes')\n", "web/planted.py:2: .volumes"),
     ],
 )
 def test_a_planted_backend_read_is_named(tmp_path: Path, snippet: str, named: str) -> None:
     face = tmp_path / "web"
-    _write(face, {"clean.py": "def ok(engine):\n    return engine.workspace.run('last')\n", "planted.py": snippet})
+    _write(face, {"clean.py": CLEAN_FACE, "planted.py": snippet})
     assert backend_reads((face,)) == [named]

@@ -33,11 +33,12 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -125,6 +126,35 @@ def listen(host: str, port: int) -> socket.socket:
             ) from None
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host and --port") from None
     return sock
+
+
+def bind_server(host: str, port: int, token: str | None, allow_remote: bool, log: logging.Logger) -> socket.socket:
+    """A local HTTP server's listening socket under the bind policy: refused before binding when the
+    policy says no (``check_bind``), and a warning when other machines reach it unfenced."""
+    check_bind(host, token, allow_remote)
+    sock = listen(host, port)
+    warn_if_unfenced(host, log)
+    return sock
+
+
+def run_server(
+    app: ASGIApp, sock: socket.socket, *, log_level: str = "WARNING", when_up: Callable[[], None] | None = None
+) -> None:
+    """Serve ``app`` on ``sock`` with uvicorn until stopped (blocking), its lifespan run and no access
+    log (a path may name a run or a session); ``when_up`` is called, from a thread, once it accepts."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level.lower(), access_log=False, lifespan="on"))
+    if when_up is not None:
+        threading.Thread(target=_call_when_up, args=(server, when_up), daemon=True).start()
+    server.run(sockets=[sock])
+
+
+def _call_when_up(server: Any, when_up: Callable[[], None]) -> None:
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        when_up()
 
 
 def url_of(sock: socket.socket, path: str = "") -> str:

@@ -86,10 +86,8 @@ async def test_an_approved_call_runs_once_even_if_resumed_twice(engine: Engine, 
     memory_file(agent_env["FLEET_HOME"]).unlink()
     # Replay the paused checkpoint (as a crashed resume might): the gate refuses to run the call again.
     store = engine.workspace.store
-    for data in checkpoints:
-        await store.write(
-            store.agent.save_checkpoint, data["checkpoint"]["checkpoint_id"], workflow_name(paused.turn_id), data
-        )
+    for checkpoint in checkpoints:
+        await store.write(store.agent.save_checkpoint, checkpoint.id, checkpoint.workflow_name, checkpoint.data)
     tc = TurnContext(engine, engine.workspace.store.agent.get_conversation(conv.id), paused.turn_id, lambda _e: None)
     replay = await run_segment(tc, new_messages=None)
     assert "ran already" in replay.reply

@@ -83,9 +83,19 @@ async def web(name: str, value: Any) -> str:
 
 async def agent(name: str, value: Any) -> str:
     from fleet_rlm.agent.tools import TurnContext, build_tools
+    from fleet_rlm.store import Conversation
 
     async with Engine() as engine:
-        conversation = {"id": "c-limits", "session_id": None, "volume": "workspace"}
+        conversation = Conversation(
+            id="c-limits",
+            title="limits",
+            session_id="chat-c-limits",
+            volume="workspace",
+            grants=[],
+            mcp_servers=[],
+            created_at=0.0,
+            updated_at=0.0,
+        )
         tools = {t.name: t for t in build_tools(TurnContext(engine, conversation, "t-limits", lambda _e: None))}
         arguments = {"question": "q", "context_text": "x", "include_attachments": False, name: value}
         reply = await tools["rlm_run"].invoke(arguments=arguments, skip_parsing=True)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import base64
+import functools
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
+from mcp.types import ResourceTemplateReference
 
+from fleet_rlm.volumes import LocalVolumes
+from fleet_rlm.volumes.base import REGISTRY
 from mcp import Client, MCPError
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +126,35 @@ async def test_over_long_paths_are_a_tool_error_naming_the_limits(client: Client
             assert "255 bytes per name" in text and "3,072 bytes per path" in text, (tool, text[:300])
         with pytest.raises(MCPError, match="255 bytes per name"):
             await client.read_resource(f"fleet://volumes/v/{path}")
+
+
+async def test_volume_io_runs_off_the_event_loop(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daytona's volume calls are network I/O: on the event loop, one would stall every other request."""
+    loop_thread = threading.get_ident()
+    calls: list[tuple[str, bool]] = []  # (method, made on the event loop's thread)
+
+    class LoopWatchingVolumes(LocalVolumes):
+        def __getattribute__(self, name: str) -> Any:
+            value = super().__getattribute__(name)
+            if name.startswith("_") or not callable(value):
+                return value
+
+            @functools.wraps(value)
+            def watched(*args: Any, **kwargs: Any) -> Any:
+                calls.append((name, threading.get_ident() == loop_thread))
+                return value(*args, **kwargs)
+
+            return watched
+
+    monkeypatch.setitem(REGISTRY, "local", LoopWatchingVolumes.from_settings)  # the engine opens on first use
+    await client.call_tool("write_file", {"volume": "v", "path": "memory/a.txt", "content": "a"})
+    await client.call_tool("list_volumes", {})
+    await client.call_tool("list_files", {"volume": "v", "recursive": True})
+    await client.call_tool("read_file", {"volume": "v", "path": "memory/a.txt"})
+    await client.read_resource("fleet://volumes/v/memory/a.txt")
+    file_template = ResourceTemplateReference(uri="fleet://volumes/{volume}/{+path}")
+    await client.complete(file_template, {"name": "volume", "value": ""})
+    await client.complete(file_template, {"name": "path", "value": ""}, {"volume": "v"})
+
+    assert {"write", "list_volumes", "list_files", "stat", "read"} <= {name for name, _ in calls}
+    assert [name for name, on_loop in calls if on_loop] == []

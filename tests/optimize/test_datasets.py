@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -118,12 +119,13 @@ def test_secrets_in_rows_and_versions_are_masked_in_the_store(store: Store, ws: 
     async def go() -> None:
         made = await datasets.create(ws, "keys", rows, source="jsonl")
         stored = store.optimize.dataset_rows(made.id)[0]
-        assert key not in json.dumps(stored) and "***" in stored["question"]
+        assert key not in json.dumps(asdict(stored)) and "***" in stored.question
         demo = {"observation": f"context preview {key}", "reasoning": "r", "code": "SUBMIT(1)"}
         store.optimize.add_program_version({"id": "v1", "base_id": None, "optimization_id": None,
                                             "dataset_id": made.id, "optimizer": "bootstrap", "metric": "exact",
                                             "scores": {}, "state": {"act": {"demos": [demo]}}, "changes": {},
                                             "created_at": 0.0})  # fmt: skip
-        assert key not in json.dumps(store.optimize.get_program_version("v1"))
+        version = store.optimize.get_program_version("v1")
+        assert version is not None and key not in json.dumps(asdict(version))
 
     asyncio.run(go())

@@ -133,7 +133,7 @@ async def test_the_gate_refuses_a_candidate_that_is_no_better_unless_overridden(
         assert versions.active(engine.workspace) is None
         await versions.promote(engine.workspace, final.version_id, override="demos help new users")
         assert versions.active(engine.workspace) == final.version_id
-        assert store.optimize.activations()[0]["reason"] == "override: demos help new users"
+        assert store.optimize.activations()[0].reason == "override: demos help new users"
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ from fleet_rlm.sandbox.local import LocalSandbox, detect_isolation
 from fleet_rlm.types import RunRequest
 from tests.security.test_protocol import FORGE
 from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.patience import patience
 
 pytestmark = pytest.mark.anyio
 
@@ -180,7 +181,7 @@ async def test_forged_sub_calls_in_a_run_never_reach_the_model_and_memory_stays_
     async with Engine() as engine:
         assert (await engine.run(RunRequest("warm up", context_text=["x"]))).answer == "WARM"  # imports done
         peak = PeakMemory()
-        with anyio.fail_after(120):
+        with anyio.fail_after(patience(120)):
             result = await engine.run(RunRequest("flood the host", context_text=["x"]))
         growth = peak.growth
     assert result.status == "succeeded" and result.answer == "still running", result.error

@@ -457,6 +457,98 @@ def test_json_columns_are_json(store: Store) -> None:
     assert json.loads(row[0]) == {"a": [1, 2]} and json.loads(row[1]) == {}
 
 
+# -- optimization and agent rows ------------------------------------------------
+
+
+def _frozen(rows: object) -> bool:
+    """Every row a frozen dataclass (a dict read back would let a caller edit what it was given)."""
+    items = rows if isinstance(rows, list) else [rows]
+    return bool(items) and all(dataclasses.is_dataclass(r) and r.__dataclass_params__.frozen for r in items)
+
+
+def test_optimization_rows_are_frozen_dataclasses_with_json_decoded(store: Store) -> None:
+    opt = store.optimize
+    store.runs.create(_run("r1", status="succeeded", answer="42", request={"context_paths": ["/d"]}))
+    store.uploads.add_feedback("r1", True, None, "good")
+    rows = [{"idx": 0, "split": "train", "question": "q0", "context_paths": ["/d"], "answer": "a0", "verdict": 1},
+            {"idx": 1, "split": "holdout", "question": "q1", "answer": "a1"}]  # fmt: skip
+    opt.create_dataset("d1", "ten", "jsonl", 0.5, 7, rows)
+    opt.add_program_version({"id": "v1", "base_id": None, "optimization_id": "o1", "dataset_id": "d1",
+                             "optimizer": "bootstrap", "metric": "exact", "scores": {"train_after": 1.0},
+                             "state": {"act": {"demos": []}}, "changes": {}, "created_at": 1.0})  # fmt: skip
+    opt.activate_program("v1", "promote", "better")
+    opt.create_optimization({"id": "o1", "lineage": "o1", "dataset_id": "d1", "optimizer": "bootstrap",
+                             "metric": "exact", "base_version": None, "params": {"trials": 2}, "version_id": None,
+                             "scores": {}, "created_at": 2.0})  # fmt: skip
+    opt.update_optimization("o1", version_id="v1", scores={"train_after": 1.0})
+    opt.cache_eval("o1", "p", "e", run_id="r1", answer="42", steps=[{"code": "x"}], llm_calls=3, cost=None)
+
+    dataset = opt.get_dataset("ten")
+    assert dataset is not None and (dataset.id, dataset.train, dataset.holdout) == ("d1", 1, 1)
+    assert opt.list_datasets() == [dataset]
+    first, second = opt.dataset_rows("d1")
+    assert (first.context_paths, first.verdict, second.context_paths, second.verdict) == (["/d"], True, [], None)
+    (judged,) = opt.judged_runs()
+    assert (judged.run_id, judged.request, judged.correct, judged.earlier) == ("r1", {"context_paths": ["/d"]}, True, 0)
+    version = opt.get_program_version("v1")
+    assert version is not None and version.state == {"act": {"demos": []}} and version.scores == {"train_after": 1.0}
+    assert opt.list_program_versions() == [dataclasses.replace(version, state=None)]  # listings leave state out
+    (activation,) = opt.activations()
+    assert (activation.version_id, activation.action, activation.reason) == ("v1", "promote", "better")
+    optimization = opt.get_optimization("o1")
+    assert optimization is not None and (optimization.version_id, optimization.params) == ("v1", {"trials": 2})
+    assert opt.list_optimizations() == [optimization]
+    cached = opt.cached_eval("o1", "p", "e")
+    assert cached is not None and (cached.steps, cached.llm_calls) == ([{"code": "x"}], 3)
+    for found in (dataset, [first, second], judged, version, activation, optimization, cached):
+        assert _frozen(found), found
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dataset.train = 2  # type: ignore[misc]
+
+
+def test_agent_rows_are_frozen_dataclasses_with_json_decoded(store: Store) -> None:
+    agent, owner = store.agent, (os.getpid(), socket.gethostname(), None)
+    made = agent.create_conversation("c1", "birds", "chat-c1", "workspace")
+    agent.create_turn("t1", "c1", owner)
+    said = agent.add_message("c1", "t1", "user", "text", {"role": "user"}, text="hi", arguments={"k": 1})
+    pending = {"conversation_id": "c1", "turn_id": "t1", "tool": "write_memory", "arguments": {"path": "a"},
+               "summary": "write a", "status": "pending", "decided_by": None, "created_at": 1.0,
+               "decided_at": None}  # fmt: skip
+    recorded = agent.record_approvals("t1", [{**pending, "id": "a1", "call_id": "k1", "expires_at": time.time() + 60},
+                                             {**pending, "id": "a2", "call_id": "k2", "expires_at": 0.0}])  # fmt: skip
+    store.uploads.add("u1", "notes.txt", 5)
+    agent.attach("c1", ["u1"])
+    agent.link_run("c1", "r-gone", "t1")
+    agent.save_checkpoint("cp1", "wf", {"format": 1})
+
+    (listed,) = agent.list_conversations()
+    assert listed.pending == 2 and dataclasses.replace(listed, pending=None) == agent.get_conversation("c1")
+    assert (made.title, made.grants, made.mcp_servers, made.pending) == ("birds", [], [], None)
+    turn = agent.get_turn("t1")
+    assert turn is not None and turn.status == "paused" and agent.active_turn("c1") == turn
+    assert agent.messages("c1") == [said] and (said.af, said.arguments) == ({"role": "user"}, {"k": 1})
+    assert agent.get_approval("a1") == recorded[0] and recorded[0].arguments == {"path": "a"}
+    (expired,) = agent.expire_approvals(lambda approval: {"call": approval.call_id})
+    assert (expired.id, expired.status) == ("a2", "expired")
+    decided, claimed = agent.decide_approval("a1", True, "me", None, True, owner)
+    assert (decided.status, decided.always, claimed) == ("approved", True, True)
+    assert agent.list_approvals(status="approved") == [dataclasses.replace(decided, reason=None)]
+    executing = agent.claim_execution("a1")
+    assert executing is not None and executing.executed_at is not None
+    assert agent.get_conversation("c1").grants == ["write_memory"]  # "always" granted the tool
+    assert [e.action for e in agent.audit("c1")] == ["executed", "approved", "expired", "requested", "requested"]
+    (run,) = agent.conversation_runs("c1")
+    assert (run.run_id, run.status) == ("r-gone", None)  # the run is not kept: its link stays
+    assert [(a.upload_id, a.name) for a in agent.attachments("c1")] == [("u1", "notes.txt")]
+    checkpoint = agent.load_checkpoint("cp1")
+    assert checkpoint is not None and checkpoint.data == {"format": 1}
+    assert agent.workflow_checkpoints("wf") == [checkpoint]
+    for found in (made, turn, said, recorded, expired, decided, executing, agent.audit("c1"), run, checkpoint):
+        assert _frozen(found), found
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.title = "fish"  # type: ignore[misc]
+
+
 # -- the writer thread ----------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sy
 
 from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.patience import patience
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 from tests.web.conftest import BIN, WebServer, fleet_web
 
@@ -43,7 +44,7 @@ def _require_chromium() -> None:
     prereqs.require(f"Debian's chromium ({CHROMIUM})", Path(CHROMIUM).exists())
     # Assertions wait for their condition and return as soon as it holds: a deadline long enough for a
     # machine whose cores other work shares costs a passing test nothing (Playwright's default is 5 s).
-    expect.set_options(timeout=20_000)
+    expect.set_options(timeout=patience(20) * 1000)
 
 
 @contextmanager
@@ -166,7 +167,7 @@ def open_page(browser: Browser, server: WebServer, shots: Path, width: int = 128
 
         page.on("console", on_console)
         page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
-        page.set_default_timeout(30_000)
+        page.set_default_timeout(patience(30) * 1000)
         yield UI(page, errors, server, shots)
     finally:
         context.close()

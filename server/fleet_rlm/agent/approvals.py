@@ -30,7 +30,7 @@ from fleet_rlm.redaction import holds_known_secret
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.store import Store
+    from fleet_rlm.store import Approval, Store
 
 SHOWN_CHARS = 500  # the longest command, argument or path a card shows whole
 SHOWN_CALL_CHARS = 2000  # the longest arguments of another tool (an MCP server's) a card shows whole
@@ -221,8 +221,8 @@ def policy_decision(tool: str, args: dict[str, Any], grants: list[str], card: Ca
     return None
 
 
-def rejected_text(approval: dict[str, Any]) -> str:
-    reason = (approval.get("reason") or "").strip()
+def rejected_text(approval: Approval) -> str:
+    reason = (approval.reason or "").strip()
     return (
         f"Not done: the user rejected this call. Reason: {reason}"
         if reason
@@ -246,11 +246,11 @@ class ApprovalGate(FunctionMiddleware):
         if approval is None:
             context.result = "Not done: this call has no approval record, so it was not run."
             return
-        if approval["status"] == "rejected":
+        if approval.status == "rejected":
             context.result = rejected_text(approval)
             return
-        if approval["status"] != "approved":
-            context.result = f"Not done: the approval is {approval['status']}."
+        if approval.status != "approved":
+            context.result = f"Not done: the approval is {approval.status}."
             return
         claimed = await self.store.write(self.store.agent.claim_execution, approval_id)
         if claimed is None:

@@ -157,17 +157,17 @@ class StoreCheckpointStorage:
         row = self.store.agent.load_checkpoint(checkpoint_id)
         if row is None:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        return _decode(row)
+        return _decode(row.data)
 
     async def list_checkpoints(self, *, workflow_name: str) -> list[WorkflowCheckpoint]:
-        return [_decode(row) for row in self.store.agent.workflow_checkpoints(workflow_name)]
+        return [_decode(row.data) for row in self.store.agent.workflow_checkpoints(workflow_name)]
 
     async def delete(self, checkpoint_id: str) -> bool:
         return await self.store.write(self.store.agent.delete_checkpoint, checkpoint_id)
 
     async def get_latest(self, *, workflow_name: str) -> WorkflowCheckpoint | None:
         rows = self.store.agent.workflow_checkpoints(workflow_name)
-        return _decode(rows[-1]) if rows else None
+        return _decode(rows[-1].data) if rows else None
 
     async def list_checkpoint_ids(self, *, workflow_name: str) -> list[str]:
         return [c.checkpoint_id for c in await self.list_checkpoints(workflow_name=workflow_name)]

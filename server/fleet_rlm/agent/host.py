@@ -34,6 +34,7 @@ from fleet_rlm.store.owners import owner_alive, process_start
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
+    from fleet_rlm.store import Approval, AuditEntry, Conversation, Turn
 
 log = logging.getLogger(__name__)
 EXPIRED_RESULT = "Not done: nobody approved this call before its approval expired."
@@ -131,21 +132,21 @@ class AgentHost:
     def settings(self) -> Any:
         return self.engine.settings  # the server may apply saved settings to its engine at any time
 
-    def _gone(self, turn: dict[str, Any]) -> bool:
-        if turn["owner_host"] != self._owner[1] or turn["owner_pid"] is None:
+    def _gone(self, turn: Turn) -> bool:
+        if turn.owner_host != self._owner[1] or turn.owner_pid is None:
             return False
-        if turn["owner_pid"] == self._owner[0] and turn["owner_start"] == self._owner[2]:
-            return turn["conversation_id"] not in self._live  # ours, but no task runs it any more
-        return not owner_alive(turn["owner_pid"], turn["owner_start"])
+        if turn.owner_pid == self._owner[0] and turn.owner_start == self._owner[2]:
+            return turn.conversation_id not in self._live  # ours, but no task runs it any more
+        return not owner_alive(turn.owner_pid, turn.owner_start)
 
     def expire(self) -> list[views.Approval]:
         """Close out approvals nobody answered in time (each call gets a 'not done' result)."""
 
-        def result(approval: dict[str, Any]) -> dict[str, Any]:
-            content = Content.from_function_result(approval["call_id"], result=EXPIRED_RESULT)
+        def result(approval: Approval) -> dict[str, Any]:
+            content = Content.from_function_result(approval.call_id, result=EXPIRED_RESULT)
             return Message(role="tool", contents=[content]).to_dict()
 
-        return [views.Approval(**a) for a in self.store.agent.expire_approvals(result)]
+        return [_approval_view(a) for a in self.store.agent.expire_approvals(result)]
 
     # -- conversations ------------------------------------------------------------------------------
 
@@ -161,7 +162,7 @@ class AgentHost:
         )
         return self.conversation(conversation_id)
 
-    def _row(self, conversation_id: str) -> dict[str, Any]:
+    def _row(self, conversation_id: str) -> Conversation:
         row = self.store.agent.get_conversation(conversation_id)
         if row is None:
             raise NotFound(
@@ -174,7 +175,8 @@ class AgentHost:
         self.expire()
         rows = self.store.agent.list_conversations(limit=limit, offset=offset)
         return views.ConversationList(
-            conversations=[views.ConversationSummary(**r) for r in rows], pending_approvals=self.pending_approvals()
+            conversations=[views.ConversationSummary.model_validate(r, from_attributes=True) for r in rows],
+            pending_approvals=self.pending_approvals(),
         )
 
     def conversation(self, conversation_id: str) -> views.Conversation:
@@ -184,15 +186,28 @@ class AgentHost:
         active = self.store.agent.active_turn(conversation_id)
         store = self.store
         return views.Conversation(
-            **{k: row[k] for k in ("id", "title", "session_id", "volume", "created_at", "updated_at")},
-            status=active["status"] if active else "idle",
-            grants=row["grants"] or [],
-            mcp_servers=row["mcp_servers"] or [],
-            messages=[views.ChatMessage.model_validate(m) for m in store.agent.messages(conversation_id)],
-            approvals=[views.Approval(**a) for a in store.agent.list_approvals(conversation_id=conversation_id)],
-            runs=[views.LinkedRun(**r) for r in store.agent.conversation_runs(conversation_id)],
-            attachments=[views.Attachment(**a) for a in store.agent.attachments(conversation_id)],
-            audit=[views.AuditEntry(**e) for e in store.agent.audit(conversation_id)],
+            id=row.id,
+            title=row.title,
+            session_id=row.session_id,
+            volume=row.volume,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            status=active.status if active else "idle",
+            grants=row.grants or [],
+            mcp_servers=row.mcp_servers or [],
+            messages=[
+                views.ChatMessage.model_validate(m, from_attributes=True) for m in store.agent.messages(conversation_id)
+            ],
+            approvals=[_approval_view(a) for a in store.agent.list_approvals(conversation_id=conversation_id)],
+            runs=[
+                views.LinkedRun.model_validate(r, from_attributes=True)
+                for r in store.agent.conversation_runs(conversation_id)
+            ],
+            attachments=[
+                views.Attachment.model_validate(a, from_attributes=True)
+                for a in store.agent.attachments(conversation_id)
+            ],
+            audit=[_audit_view(e) for e in store.agent.audit(conversation_id)],
         )
 
     async def attach(self, conversation_id: str, upload_ids: list[str]) -> None:
@@ -208,14 +223,14 @@ class AgentHost:
     ) -> list[views.Approval]:
         """Approvals, oldest first: all of them, or those with this status, conversation or turn."""
         rows = self.store.agent.list_approvals(status=status, conversation_id=conversation_id, turn_id=turn_id)
-        return [views.Approval(**a) for a in rows]
+        return [_approval_view(a) for a in rows]
 
     def pending_approvals(self) -> list[views.Approval]:
         return self.approvals(status="pending")
 
     def audit(self, conversation_id: str | None = None, limit: int = 200) -> views.AuditLog:
         self.expire()
-        return views.AuditLog(entries=[views.AuditEntry(**e) for e in self.store.agent.audit(conversation_id, limit)])
+        return views.AuditLog(entries=[_audit_view(e) for e in self.store.agent.audit(conversation_id, limit)])
 
     # -- turns --------------------------------------------------------------------------------------
 
@@ -256,7 +271,7 @@ class AgentHost:
         if known is None:
             raise NotFound(f"no approval '{approval_id}': answer one of the conversation's pending approvals")
         # Reserved first: once the store says the turn is ours to resume, nothing may take it for dead.
-        feed = self._reserve(known["conversation_id"])
+        feed = self._reserve(known.conversation_id)
         try:
             row, claimed = await self.store.write(
                 self.store.agent.decide_approval,
@@ -268,9 +283,9 @@ class AgentHost:
                 self._owner,
             )
         except BaseException:
-            self._live.pop(known["conversation_id"], None)
+            self._live.pop(known.conversation_id, None)
             raise
-        approval = views.Approval(**row)
+        approval = _approval_view(row)
         if not claimed:
             self._live.pop(approval.conversation_id, None)
             return approval, None
@@ -289,20 +304,20 @@ class AgentHost:
 
     def _busy(self, conversation_id: str, why: str) -> Conflict:
         pending = self.store.agent.list_approvals(status="pending", conversation_id=conversation_id)
-        fix = f"answer approval {pending[0]['id']} first" if pending else "wait for it to finish"
+        fix = f"answer approval {pending[0].id} first" if pending else "wait for it to finish"
         return Conflict(f"this conversation is busy ({why}): {fix}")
 
-    def _start(self, conv: dict[str, Any], turn_id: str, messages: list[Message] | None, feed: Feed) -> Feed:
-        feed.put({"kind": "turn.started", "turn_id": turn_id, "conversation_id": conv["id"]})
+    def _start(self, conv: Conversation, turn_id: str, messages: list[Message] | None, feed: Feed) -> Feed:
+        feed.put({"kind": "turn.started", "turn_id": turn_id, "conversation_id": conv.id})
         self.engine.start_task(f"agent-{turn_id}-{time.monotonic_ns()}", self._drive(conv, turn_id, feed, messages))
         return feed
 
-    async def _drive(self, conv: dict[str, Any], turn_id: str, feed: Feed, messages: list[Message] | None) -> None:
+    async def _drive(self, conv: Conversation, turn_id: str, feed: Feed, messages: list[Message] | None) -> None:
         """Run segments until the agent answers, fails, or waits for a person."""
         tc = TurnContext(self.engine, conv, turn_id, feed.put)
         end: dict[str, Any] = {
             "kind": "turn.finished",
-            "conversation_id": conv["id"],
+            "conversation_id": conv.id,
             "turn_id": turn_id,
             "status": "failed",
             "reply": "",
@@ -337,26 +352,26 @@ class AgentHost:
             if end["status"] != "paused":
                 with contextlib.suppress(Exception):
                     await self.store.write(self.store.agent.finish_turn, turn_id, end["status"], end["error"])
-            self._live.pop(conv["id"], None)
+            self._live.pop(conv.id, None)
             feed.put(end)
             feed.close()
 
     async def _record(self, tc: TurnContext, requests: list[Content]) -> list[views.Approval]:
         """Record an approval per paused call (policy-decided ones approved at once) and pause the turn when a
         person must decide; returns what waits for a person."""
-        conv = self._row(tc.conversation["id"])
+        conv = self._row(tc.conversation.id)
         now = time.time()
         rows = []
         for request in requests:
             call = request.function_call
             args = call.parse_arguments() or {} if call is not None else {}
             tool = str(call.name) if call is not None else "unknown"
-            card = approval_card(tool, args, self.engine, conv["volume"])
-            actor = policy_decision(tool, args, conv["grants"] or [], card, self.engine)
+            card = approval_card(tool, args, self.engine, conv.volume)
+            actor = policy_decision(tool, args, conv.grants or [], card, self.engine)
             rows.append(
                 {
                     "id": request.id,
-                    "conversation_id": conv["id"],
+                    "conversation_id": conv.id,
                     "turn_id": tc.turn_id,
                     "call_id": str(call.call_id) if call is not None else "",
                     "tool": tool,
@@ -372,12 +387,20 @@ class AgentHost:
                 }
             )
         recorded = [
-            views.Approval(**r) for r in await self.store.write(self.store.agent.record_approvals, tc.turn_id, rows)
+            _approval_view(r) for r in await self.store.write(self.store.agent.record_approvals, tc.turn_id, rows)
         ]
         for approval in recorded:
             kind = "approval.requested" if approval.status == "pending" else "approval.decided"
             tc.emit({"kind": kind, "approval": approval.model_dump(mode="json")})
         return [a for a in recorded if a.status == "pending"]
+
+
+def _approval_view(approval: Approval) -> views.Approval:
+    return views.Approval.model_validate(approval, from_attributes=True)
+
+
+def _audit_view(entry: AuditEntry) -> views.AuditEntry:
+    return views.AuditEntry.model_validate(entry, from_attributes=True)
 
 
 def _check_model(engine: Engine) -> None:

@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 from agent_framework import FunctionTool, tool
@@ -27,6 +27,7 @@ from fleet_rlm.volumes import parse_volume_ref
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
+    from fleet_rlm.store import Conversation
 
 Emit = Callable[[dict[str, Any]], None]
 READ_CHARS = 20_000  # of a volume file per call: the model reads big files with an RLM run instead
@@ -40,7 +41,7 @@ MCP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 @dataclass
 class TurnContext:
     engine: Engine
-    conversation: dict[str, Any]
+    conversation: Conversation
     turn_id: str
     emit: Emit
     runs: list[str] = field(default_factory=list)
@@ -50,7 +51,7 @@ class TurnContext:
         return self.engine.workspace.store
 
     def volume(self, given: str | None) -> str:
-        return volume_name(self.engine, self.conversation["volume"], given)
+        return volume_name(self.engine, self.conversation.volume, given)
 
 
 def volume_name(engine: Engine, default: str, given: str | None) -> str:
@@ -120,7 +121,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         if bad:
             raise UserError(f"only volume paths ('vol:NAME/PATH') can be read, not {', '.join(bad)}")
         upload_ids = (
-            [a["upload_id"] for a in tc.store.agent.attachments(tc.conversation["id"])] if include_attachments else []
+            [a.upload_id for a in tc.store.agent.attachments(tc.conversation.id)] if include_attachments else []
         )
         if not paths and not upload_ids and not context_text:
             raise UserError("nothing to read: attach a file, give volume_paths, or pass context_text")
@@ -128,7 +129,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
             question,
             context_paths=paths,
             context_text=[context_text] if context_text else [],
-            session_id=tc.conversation["session_id"],
+            session_id=tc.conversation.session_id,
             max_cost=max_cost,
         )
         run_id = await uploads.start_run(engine, request, upload_ids)
@@ -291,10 +292,10 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
     ) -> str:
         if not MCP_NAME.fullmatch(name):
             raise UserError(f"MCP server name {name!r}: use letters, digits, '_' or '-', starting with a letter")
-        servers = [s for s in tc.conversation.get("mcp_servers") or [] if s["name"] != name]
+        servers = [s for s in tc.conversation.mcp_servers or [] if s["name"] != name]
         servers.append({"name": name, "command": command, "args": list(args or []), "added_at": time.time()})
-        await tc.store.write(tc.store.agent.set_mcp_servers, tc.conversation["id"], servers)
-        tc.conversation["mcp_servers"] = servers
+        await tc.store.write(tc.store.agent.set_mcp_servers, tc.conversation.id, servers)
+        tc.conversation = replace(tc.conversation, mcp_servers=servers)
         # This turn's tool list is fixed when it starts: the servers are opened at the start of the next one.
         return f"added MCP server '{name}': its tools are yours from the user's next message on, not in this reply"
 
@@ -324,7 +325,7 @@ async def _in_turn(tc: TurnContext, run_id: str) -> Any:
     stopped turn stops its run."""
     engine = tc.engine
     tc.runs.append(run_id)
-    await tc.store.write(tc.store.agent.link_run, tc.conversation["id"], run_id, tc.turn_id)
+    await tc.store.write(tc.store.agent.link_run, tc.conversation.id, run_id, tc.turn_id)
     tc.emit({"kind": "run.started", "run_id": run_id})
 
     async def progress(_events: int, line: str) -> None:

@@ -32,7 +32,7 @@ from fleet_rlm.agent.tools import TurnContext, build_tools
 from fleet_rlm.agent.views import PREVIEW
 from fleet_rlm.errors import Conflict
 from fleet_rlm.redaction import redact
-from fleet_rlm.store.agent import workflow_name
+from fleet_rlm.store.agent import ChatMessage, workflow_name
 
 EXECUTOR_ID = "agent"  # the graph must be the same in every process that resumes it
 
@@ -61,19 +61,19 @@ class Segment:
 
 def instructions(tc: TurnContext) -> str:
     conv = tc.conversation
-    files = tc.store.agent.attachments(conv["id"])
-    attached = ", ".join(f"{a['name']} ({a['size']} bytes)" for a in files) or "none"
+    files = tc.store.agent.attachments(conv.id)
+    attached = ", ".join(f"{a.name} ({a.size} bytes)" for a in files) or "none"
     return (
-        f"{INSTRUCTIONS}\n\nThis conversation's volume: {conv['volume']}. Attached files: {attached}."
-        f" Tools the user allowed always here: {', '.join(conv['grants']) or 'none'}."
+        f"{INSTRUCTIONS}\n\nThis conversation's volume: {conv.volume}. Attached files: {attached}."
+        f" Tools the user allowed always here: {', '.join(conv.grants) or 'none'}."
     )
 
 
-def history(rows: list[dict[str, Any]]) -> list[Message]:
+def history(rows: list[ChatMessage]) -> list[Message]:
     """The stored conversation as framework messages; a tool call that never got a result (its turn
     failed or was interrupted) is left out, as providers refuse a call without its result."""
-    answered = {r["call_id"] for r in rows if r["kind"] == "tool_result"}
-    return [Message.from_dict(r["af"]) for r in rows if r["kind"] != "tool_call" or r["call_id"] in answered]
+    answered = {r.call_id for r in rows if r.kind == "tool_result"}
+    return [Message.from_dict(r.af) for r in rows if r.kind != "tool_call" or r.call_id in answered]
 
 
 class Recorder:
@@ -88,7 +88,7 @@ class Recorder:
 
     async def _store(self, role: str, kind: str, af: Message, **fields: Any) -> None:
         store, conv = self.tc.store, self.tc.conversation
-        await store.write(store.agent.add_message, conv["id"], self.tc.turn_id, role, kind, af.to_dict(), **fields)
+        await store.write(store.agent.add_message, conv.id, self.tc.turn_id, role, kind, af.to_dict(), **fields)
 
     async def flush(self) -> None:
         if self.text:
@@ -140,9 +140,9 @@ class Recorder:
                 )
 
     def _tool_of(self, call_id: str) -> str | None:
-        for row in self.tc.store.agent.messages(self.tc.conversation["id"]):
-            if row["call_id"] == call_id and row["kind"] == "tool_call":
-                return str(row["tool"])
+        for row in self.tc.store.agent.messages(self.tc.conversation.id):
+            if row.call_id == call_id and row.kind == "tool_call":
+                return str(row.tool)
         return None
 
 
@@ -152,9 +152,9 @@ async def run_segment(tc: TurnContext, *, new_messages: list[Message] | None) ->
     storage = StoreCheckpointStorage(store)
     name = workflow_name(tc.turn_id)
     seen = {
-        f"{'call' if r['kind'] == 'tool_call' else 'result'}:{r['call_id']}"
-        for r in store.agent.messages(tc.conversation["id"])
-        if r["turn_id"] == tc.turn_id and r["call_id"]
+        f"{'call' if r.kind == 'tool_call' else 'result'}:{r.call_id}"
+        for r in store.agent.messages(tc.conversation.id)
+        if r.turn_id == tc.turn_id and r.call_id
     }
     recorder = Recorder(tc, seen)
     segment = Segment()
@@ -171,7 +171,7 @@ async def run_segment(tc: TurnContext, *, new_messages: list[Message] | None) ->
                     load_prompts=False,
                 )
             )
-            for s in tc.conversation.get("mcp_servers") or []
+            for s in tc.conversation.mcp_servers or []
         ]
         agent = Agent(
             client=LiteLLMChatClient.from_settings(tc.engine.settings),

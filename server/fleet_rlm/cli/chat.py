@@ -144,7 +144,7 @@ class Chat:
 
         ref = parse_volume_ref(path)
         if ref is not None:
-            self.engine.volumes.stat(*ref)  # NotFound names the volume or file
+            self.engine.workspace.file_entry(*ref)  # NotFound names the volume or file
             return
         self.engine.validate(RunRequest(question="(attachment check)", context_paths=[path]))
 

@@ -1,4 +1,7 @@
-"""``volumes ls|cat|put|rm``: targets are VOLUME or VOLUME/PATH (``vol:`` in front is accepted)."""
+"""``volumes ls|cat|put|rm``: targets are VOLUME or VOLUME/PATH (``vol:`` in front is accepted).
+
+The calls are the workspace's (``core.volume_operations``), made on the settings' volume store alone:
+no engine and no run store, so the command starts instantly."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from fleet_rlm.cli.common import plural, print_json
 from fleet_rlm.errors import NotFound, UserError
 
 if TYPE_CHECKING:
-    from fleet_rlm.volumes import Volumes
+    from fleet_rlm.core.volume_operations import VolumeOperations
 
 LIST_HINT = "`fleet-rlm volumes ls` lists the volumes"
 
@@ -41,6 +44,7 @@ def _read_source(source: str) -> bytes:
 
 def cmd_volumes(args: argparse.Namespace) -> int:
     from fleet_rlm.config import load_settings
+    from fleet_rlm.core.volume_operations import VolumeOperations
     from fleet_rlm.volumes import volumes_for
 
     settings = load_settings(secrets=False)  # local volumes need no key: the keyring stays unasked
@@ -48,22 +52,22 @@ def cmd_volumes(args: argparse.Namespace) -> int:
         settings = load_settings()
     volumes = volumes_for(settings)
     try:
-        return _act(volumes, args)
+        return _act(VolumeOperations(lambda: volumes), args)
     except NotFound as exc:  # name the command that shows what exists
         raise NotFound(f"{exc.message}: {LIST_HINT}") from None
 
 
-def _act(volumes: Volumes, args: argparse.Namespace) -> int:
+def _act(volumes: VolumeOperations, args: argparse.Namespace) -> int:
     if args.action == "ls":
         return _ls(volumes, args)
     if args.action == "cat":
         name, path = _split(args.target, need_path="give a file: fleet-rlm volumes cat VOLUME/PATH")
-        sys.stdout.buffer.write(volumes.read(name, path))
+        sys.stdout.buffer.write(volumes.file_bytes(name, path))
         return 0
     if args.action == "put":
         name, path = _split(args.target, need_path="give where to write: fleet-rlm volumes put FILE VOLUME/PATH")
         data = _read_source(args.source)
-        volumes.write(name, path, data)  # creates the volume; refuses links and writes over quota
+        volumes.write_file(name, path, data)  # creates the volume; refuses links and writes over quota
         print(f"wrote {len(data):,} bytes to {name}/{path}")
         return 0
     if args.all:
@@ -74,36 +78,36 @@ def _act(volumes: Volumes, args: argparse.Namespace) -> int:
         print(f"deleted volume {name} and every file in it")
         return 0
     name, path = _split(args.target, need_path=f"add --all to delete volume '{args.target}' and every file in it")
-    volumes.delete(name, path)
+    volumes.delete_file(name, path)
     print(f"deleted {name}/{path}")
     return 0
 
 
-def _ls(volumes: Volumes, args: argparse.Namespace) -> int:
+def _ls(volumes: VolumeOperations, args: argparse.Namespace) -> int:
     from fleet_rlm.volumes.quota import human
 
     if not args.target:
-        rows = volumes.list_volumes()
+        rows = volumes.volume_list().volumes
         if args.json:
-            print_json(rows)
+            print_json([v.model_dump(mode="json") for v in rows])
             return 0
         if not rows:
             print("no volumes yet: `fleet-rlm volumes put FILE NAME/memory/FILE` creates one")
         for v in rows:
-            share = max(v["bytes"] / v["quota_bytes"], v["files"] / v["max_files"])
+            share = max(v.bytes / v.quota_bytes, v.files / v.max_files)
             print(
-                f"{v['name']:<24} {plural(v['files'], 'entry', 'entries'):>15} {plural(v['bytes'], 'byte'):>20}"
+                f"{v.name:<24} {plural(v.files, 'entry', 'entries'):>15} {plural(v.bytes, 'byte'):>20}"
                 f"  {share:>4.0%} of quota "
-                f"({human(v['quota_bytes'])}, {v['max_files']:,} entries)"
+                f"({human(v.quota_bytes)}, {v.max_files:,} entries)"
             )
         return 0
     name, path = _split(args.target)
-    rows = volumes.list_files(name, path, recursive=True)
+    entries = volumes.files(name, path, recursive=True, limit=None).entries
     if args.json:
-        print_json(rows)
+        print_json([e.model_dump(mode="json") for e in entries])
         return 0
-    if not rows:
+    if not entries:
         print(f"{name}/{path.strip('/')} is empty" if path.strip("/") else f"volume {name} is empty")
-    for f in rows:
-        print(f"{f['type']:<5} {f.get('size') or 0:>12,}  {f['path']}")
+    for f in entries:
+        print(f"{f.type:<5} {f.size:>12,}  {f.path}")
     return 0

@@ -285,8 +285,9 @@ class Engine:
                         f"the active program version '{version}' is missing: "
                         "run `fleet-rlm programs rollback` or promote another version"
                     )
+                assert row.state is not None  # only listings leave a version's state out
                 try:
-                    program.load_state(row["state"])
+                    program.load_state(row.state)
                 except ValueError as exc:
                     raise ConfigError(f"program version '{version}': {exc} (`fleet-rlm programs rollback`)") from None
             self._programs[version] = program

@@ -1,8 +1,9 @@
 """The read side of the runtime: runs, traces, events and volumes, as every face shows them.
 
 It opens the store and the volumes and nothing else (no DSPy, no model, no sandbox), so read-only
-commands (`fleet-rlm runs`, `trace`, `export`, `volumes`) start instantly. The ``Engine`` holds one
-and answers its read calls through it, so both paths say the same thing.
+commands (`fleet-rlm runs`, `trace`, `export`) start instantly. The ``Engine`` holds one and answers
+its read calls through it, so both paths say the same thing. Its volume calls (list, read, write,
+delete) are ``VolumeOperations``, which the CLI's `volumes` uses without opening the store.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fleet_rlm.core import views
 from fleet_rlm.core.rerun import ReplayReport, replay_report
+from fleet_rlm.core.volume_operations import VolumeOperations
 from fleet_rlm.errors import Conflict, NotFound, RunNotFound, UserError
 from fleet_rlm.store import RunRecord, Store
 from fleet_rlm.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
@@ -25,26 +27,19 @@ if TYPE_CHECKING:
 EXPORT_PAGE = 1000
 MIN_ID_PART = 4  # hex characters of an id that refer to a run (after its kind letter, for a prefix)
 _LAST = re.compile(r"last(?:~(\d+))?")
-MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the caller
 
 
-class Workspace:
+class Workspace(VolumeOperations):
     """Use as ``with Workspace.open(settings) as ws:``, or take ``engine.workspace``."""
 
     def __init__(self, store: Store, volumes: Callable[[], Volumes]) -> None:
+        super().__init__(volumes)
         self.store = store
-        self._volumes = volumes
 
     @classmethod
     def open(cls, settings: Settings) -> Workspace:
         settings.make_home()
         return cls(Store(settings.store_path), functools.cache(functools.partial(volumes_for, settings)))
-
-    @property
-    def volumes(self) -> Volumes:
-        """The volume store, made on first use: a sandbox setting no store serves fails the volume
-        calls, not reading runs."""
-        return self._volumes()
 
     def close(self) -> None:
         self.store.close()
@@ -206,28 +201,3 @@ class Workspace:
             raise Conflict(f"run {run_id} has not finished yet: judge its answer once it has one")
         raise Conflict(f"run {run_id} gave no answer ({run.status}), so it cannot be marked correct: "
                        "mark it wrong and give the expected answer")  # fmt: skip
-
-    # -- volumes ------------------------------------------------------------------------------
-
-    def volume_list(self) -> views.VolumeList:
-        return views.VolumeList(volumes=[views.VolumeInfo(**v) for v in self.volumes.list_volumes()])
-
-    def files(self, volume: str, path: str = "", recursive: bool = False, limit: int = MAX_ENTRIES) -> views.FileList:
-        """Entries under ``path`` of a volume, at most ``limit`` (``truncated`` says if there are more)."""
-        entries = self.volumes.list_files(volume, path, recursive=recursive)
-        return views.FileList(
-            volume=volume,
-            path=path,
-            entries=[views.FileEntry(**e) for e in entries[:limit]],
-            truncated=len(entries) > limit,
-        )
-
-    def text(self, volume: str, path: str, offset: int = 0, length: int = 65536) -> views.TextRange:
-        """A byte range of a text file of a volume (links and pipes refused, binary files too)."""
-        entry = self.volumes.stat(volume, path)
-        if entry["type"] != "file":
-            raise UserError(f"'{path}' in volume '{volume}' is not a file (it is a {entry['type']})")
-        data = self.volumes.read(volume, path, offset, length)
-        if b"\x00" in data:
-            raise UserError(f"'{path}' in volume '{volume}' looks binary: download it instead of reading it as text")
-        return views.text_range(volume, path, data, offset, entry["size"])

@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from mcp.types import (
     INVALID_PARAMS,
     Completion,
@@ -26,6 +27,7 @@ from mcp.types import (
     ResourceTemplateReference,
 )
 
+from fleet_rlm.errors import UserError
 from fleet_rlm.mcp.prompts import prompt_arguments
 from mcp import MCPError
 
@@ -73,10 +75,12 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         eng = await engine()
         if eng is None:
             return matching([], "")
-        return candidates(eng, argument, known, template=isinstance(ref, ResourceTemplateReference))
+        template = isinstance(ref, ResourceTemplateReference)
+        # In a worker thread: listing a volume is network I/O with Daytona volumes.
+        return await anyio.to_thread.run_sync(candidates, eng, argument, known, template)
 
 
-def candidates(eng: Engine, argument: CompletionArgument, known: dict[str, str], *, template: bool) -> Completion:
+def candidates(eng: Engine, argument: CompletionArgument, known: dict[str, str], template: bool) -> Completion:
     """Completions for one argument of a resource template (``template``) or a prompt."""
     name, value = argument.name, argument.value
     if name == "run_id":
@@ -96,17 +100,15 @@ def candidates(eng: Engine, argument: CompletionArgument, known: dict[str, str],
 
 
 def volume_names(eng: Engine) -> list[str]:
-    return [v["name"] for v in eng.volumes.list_volumes()]
+    return [v.name for v in eng.workspace.volume_list().volumes]
 
 
 def volume_files(eng: Engine, volume: str) -> list[str]:
-    from fleet_rlm.volumes import VolumeError
-
     try:
-        entries = eng.volumes.list_files(volume, "", recursive=True)
-    except VolumeError:  # no such volume, or a bad name: nothing to offer
+        listing = eng.workspace.files(volume, "", recursive=True, limit=None)
+    except UserError:  # no such volume, or a bad name: nothing to offer
         return []
-    return [e["path"] for e in entries if e["type"] == "file"]
+    return [e.path for e in listing.entries if e.type == "file"]
 
 
 def volume_refs(eng: Engine, typed: str) -> list[str]:

@@ -7,9 +7,10 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 
-from fleet_rlm.errors import FleetError, NotFound
+from fleet_rlm.errors import FleetError, NotFound, TooLarge
 from fleet_rlm.mcp.views import run_state
 
 if TYPE_CHECKING:
@@ -71,12 +72,10 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     async def volume_file(volume: str, path: str) -> str | bytes:
         eng = await engine()
         with _resource_errors():
-            entry = eng.volumes.stat(volume, path)
-            if entry["type"] != "file":
-                raise ResourceNotFoundError(f"no file '{path}' in volume '{volume}' (it is a {entry['type']})")
-            if entry["size"] > MAX_RESOURCE_BYTES:
-                raise ResourceError(f"'{path}' is larger than {MAX_RESOURCE_BYTES:,} bytes: use the read_file tool")
-            data = eng.volumes.read(volume, path)
+            try:  # in a worker thread: with Daytona volumes the read is network I/O
+                data = await anyio.to_thread.run_sync(eng.workspace.file_bytes, volume, path, MAX_RESOURCE_BYTES)
+            except TooLarge as exc:
+                raise ResourceError(f"{exc.message} (the read_file tool pages through it)") from exc
         if b"\x00" in data:  # valid UTF-8 can still be binary: send it as a blob
             return data
         try:

@@ -131,20 +131,15 @@ def serve(
         return
     if transport != "http":
         raise UserError(f"unknown transport '{transport}': use 'stdio' or 'http'")
-    import uvicorn
-
-    from fleet_rlm.http_auth import announce, check_bind, listen, resolve_token, url_of, warn_if_unfenced
+    from fleet_rlm.http_auth import announce, bind_server, resolve_token, run_server, url_of
     from fleet_rlm.mcp.http import build_http_app
 
     required = resolve_token(no_auth=no_auth, given=token)
     secret = required.value if required else None
-    check_bind(host, secret, allow_remote)  # before binding: a refused server never listens
-    sock = listen(host, port)
+    sock = bind_server(host, port, secret, allow_remote, log)  # a refused server never listens
     app = build_http_app(server, host=host, port=sock.getsockname()[1], token=secret, allow_remote=allow_remote)
-    warn_if_unfenced(host, log)
     announce("fleet-mcp", url_of(sock, "/mcp"), required)
-    config = uvicorn.Config(app, log_level=_log_level().lower(), access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    run_server(app, sock, log_level=_log_level())
 
 
 def _log_level() -> Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]:

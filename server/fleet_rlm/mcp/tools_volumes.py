@@ -1,12 +1,18 @@
-"""Volume tools: named folders that outlive runs (memory/, artifacts/, buffers/, meta/)."""
+"""Volume tools: named folders that outlive runs (memory/, artifacts/, buffers/, meta/).
+
+Each volume call runs in a worker thread: with Daytona volumes it is network I/O, which must not
+hold up the event loop (and every other request of this server) meanwhile."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from fleet_rlm.core.volume_operations import MAX_ENTRIES
 from fleet_rlm.mcp.models import FileContent, FileList, VolumeList, WrittenFile
 from fleet_rlm.mcp.views import user_errors
 
@@ -15,7 +21,6 @@ if TYPE_CHECKING:
 
     from fleet_rlm.mcp.provider import EngineProvider
 
-MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the caller
 MAX_READ = 1024 * 1024
 WRITABLE_ROOTS = ("memory", "artifacts")
 
@@ -42,7 +47,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     async def list_volumes() -> VolumeList:
         with user_errors():
             engine = await provider.get()
-            return engine.workspace.volume_list()
+            return await anyio.to_thread.run_sync(engine.workspace.volume_list)
 
     @server.tool(
         title="List files in a volume",
@@ -56,7 +61,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> FileList:
         with user_errors():
             engine = await provider.get()
-            return engine.workspace.files(volume, path, recursive=recursive, limit=MAX_ENTRIES)
+            return await anyio.to_thread.run_sync(engine.workspace.files, volume, path, recursive)
 
     @server.tool(
         title="Read a file from a volume",
@@ -75,7 +80,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> FileContent:
         with user_errors():
             engine = await provider.get()
-            shown = engine.workspace.text(volume, path, offset, length)
+            shown = await anyio.to_thread.run_sync(engine.workspace.text, volume, path, offset, length)
         return FileContent(**shown.model_dump(), uri=volume_resource_uri(volume, path))
 
     @server.tool(
@@ -95,12 +100,13 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
     ) -> WrittenFile:
         with user_errors():
             engine = await provider.get()
-            entry = engine.volumes.write(volume, path, content, roots=WRITABLE_ROOTS)
-        rel = entry["path"]
+            write = functools.partial(engine.workspace.write_file, volume, path, content, roots=WRITABLE_ROOTS)
+            entry = await anyio.to_thread.run_sync(write)
+        rel = entry.path
         return WrittenFile(
             volume=volume,
             path=rel,
-            size=entry["size"],
+            size=entry.size,
             uri=volume_resource_uri(volume, rel),
             ref=f"vol:{volume}/{rel}",
         )

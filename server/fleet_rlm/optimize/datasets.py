@@ -18,6 +18,7 @@ import random
 import secrets
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from fleet_rlm.optimize.views import DatasetDetail, DatasetInfo, DatasetList
 
 if TYPE_CHECKING:
     from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.store import Dataset, JudgedRun
 
 DEFAULT_HOLDOUT = 0.2
 MAX_ROWS = 100_000
@@ -140,31 +142,31 @@ def rows_from_feedback(workspace: Workspace) -> tuple[list[dict[str, Any]], list
     for run in workspace.store.optimize.judged_runs():
         reason = _unreplayable(run)
         if reason:
-            skipped.append(f"{run['run_id']}: {reason}")
+            skipped.append(f"{run.run_id}: {reason}")
             continue
-        request = run["request"]
-        rows.append({"question": run["question"], "context_text": None,
+        request = run.request
+        rows.append({"question": run.question, "context_text": None,
                      "context_paths": list(request.get("context_paths") or []), "answer": _expected(run),
-                     "verdict": run["correct"], "comment": run["comment"], "run_id": run["run_id"]})  # fmt: skip
+                     "verdict": run.correct, "comment": run.comment, "run_id": run.run_id})  # fmt: skip
     return rows, skipped
 
 
-def _expected(run: dict[str, Any]) -> str | None:
-    return run["expected"] or (run["answer"] if run["correct"] else None)
+def _expected(run: JudgedRun) -> str | None:
+    return run.expected or (run.answer if run.correct else None)
 
 
-def _unreplayable(run: dict[str, Any]) -> str | None:
+def _unreplayable(run: JudgedRun) -> str | None:
     """Why a judged run cannot become a row, or None."""
-    if run["request"].get("context_text"):
+    if run.request.get("context_text"):
         return "its context was pasted text, which is not kept; use a file"
-    if run["earlier"]:
-        return (f"it is run {run['earlier'] + 1} of session {run['session_id']}, so it builds on the REPL state "
+    if run.earlier:
+        return (f"it is run {run.earlier + 1} of session {run.session_id}, so it builds on the REPL state "
                 "its earlier runs left, which a replay cannot rebuild; judge the session's first run, or ask the "
                 "question as the first run of a new session")  # fmt: skip
     if _expected(run):
         return None
-    if run["correct"]:
-        return (f"it was marked correct but gave no answer ({run['status']}); mark it wrong and give the expected "
+    if run.correct:
+        return (f"it was marked correct but gave no answer ({run.status}); mark it wrong and give the expected "
                 "answer")  # fmt: skip
     return "marked wrong without the right answer; add the expected answer"
 
@@ -206,7 +208,7 @@ async def create_from_feedback(
     return await create(workspace, name, rows, source="feedback", holdout=holdout, seed=seed, skipped=skipped)
 
 
-def require(workspace: Workspace, name: str) -> dict[str, Any]:
+def require(workspace: Workspace, name: str) -> Dataset:
     """The dataset's row; NotFound names the fix."""
     dataset = workspace.store.optimize.get_dataset(name)
     if dataset is None:
@@ -216,31 +218,35 @@ def require(workspace: Workspace, name: str) -> dict[str, Any]:
 
 
 def list_datasets(workspace: Workspace) -> DatasetList:
-    return DatasetList(datasets=[DatasetInfo(**d) for d in workspace.store.optimize.list_datasets()])
+    return DatasetList(
+        datasets=[DatasetInfo.model_validate(d, from_attributes=True) for d in workspace.store.optimize.list_datasets()]
+    )
 
 
 def detail(workspace: Workspace, name: str) -> DatasetDetail:
     """A dataset with its rows and their split."""
     found = require(workspace, name)
-    return DatasetDetail.model_validate({**found, "rows": workspace.store.optimize.dataset_rows(found["id"])})
+    rows = workspace.store.optimize.dataset_rows(found.id)
+    return DatasetDetail.model_validate({**asdict(found), "rows": [asdict(r) for r in rows]})
 
 
 def name_of(workspace: Workspace, dataset_id: str) -> str:
     """A dataset's name from its id (the id itself once the dataset is gone)."""
     found = workspace.store.optimize.get_dataset(dataset_id)
-    return str(found["name"]) if found else dataset_id
+    return found.name if found else dataset_id
 
 
 def export_lines(workspace: Workspace, name: str) -> Iterator[str]:
     """The dataset as JSON lines in the import format (plus split, verdict, comment, run_id)."""
     dataset = require(workspace, name)
-    for row in workspace.store.optimize.dataset_rows(dataset["id"]):
-        item: dict[str, Any] = {"question": row["question"], "answer": row["answer"]}
-        if row["context_text"] is not None:
-            item["context"] = row["context_text"]
-        paths = row["context_paths"] or []
+    for row in workspace.store.optimize.dataset_rows(dataset.id):
+        item: dict[str, Any] = {"question": row.question, "answer": row.answer}
+        if row.context_text is not None:
+            item["context"] = row.context_text
+        paths = row.context_paths or []
         if paths:
             item["context_path"] = paths[0] if len(paths) == 1 else paths
-        item["split"] = row["split"]
-        item.update({k: row[k] for k in ("verdict", "comment", "run_id") if row[k] is not None})
+        item["split"] = row.split
+        optional = {"verdict": row.verdict, "comment": row.comment, "run_id": row.run_id}
+        item.update({k: v for k, v in optional.items() if v is not None})
         yield json.dumps(item, ensure_ascii=False) + "\n"

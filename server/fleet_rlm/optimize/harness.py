@@ -124,8 +124,8 @@ class Replayer:
         example = example_key(question, context_text, paths)
         hit = store.optimize.cached_eval(self.lineage, candidate, example)
         if hit is not None:
-            outcome = Outcome(hit["run_id"], hit["answer"], hit["steps"] or [], bool(hit["steps"]), hit["llm_calls"],
-                              hit["cost"], cached=True)  # fmt: skip
+            outcome = Outcome(hit.run_id, hit.answer, hit.steps or [], bool(hit.steps), hit.llm_calls, hit.cost,
+                              cached=True)  # fmt: skip
         else:
             self._check_cap()
             replay = self._replay(program, candidate, question, context_text, paths)

@@ -32,7 +32,7 @@ from fleet_rlm.errors import Conflict, FleetError, UserError
 from fleet_rlm.optimize import datasets, versions
 from fleet_rlm.optimize.metrics import get_metric
 from fleet_rlm.optimize.views import BUILTIN, Estimate, OptimizationList, OptimizationState, Scores
-from fleet_rlm.store import RunRecord
+from fleet_rlm.store import Dataset, DatasetRow, RunRecord
 from fleet_rlm.types import (
     ACTIVE_STATUSES,
     OPTIMIZE_FINISHED,
@@ -118,9 +118,9 @@ def _resumed(store: Store, req: OptimizeRequest) -> tuple[OptimizeRequest, str]:
         raise UserError(f"no optimization '{req.resume}' to resume: list them with `fleet-rlm programs ls`")
     if row.status in ACTIVE_STATUSES:
         raise Conflict(f"optimization '{req.resume}' is still {row.status}: cancel it first")
-    params = earlier["params"] or {}
+    params = earlier.params or {}
     again = OptimizeRequest(**{**params, "resume": req.resume})
-    return again, earlier["lineage"]
+    return again, earlier.lineage
 
 
 async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
@@ -131,7 +131,7 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     req.check()
     get_metric(req.metric, engine.settings)  # an unknown metric fails here, not in the thread
     dataset = datasets.require(workspace, req.dataset)
-    if not dataset["train"]:
+    if not dataset.train:
         raise UserError(f"dataset '{req.dataset}' has no train rows")
     base = req.base_version if req.base_version not in (None, BUILTIN) else None
     if req.base_version is None:
@@ -144,26 +144,26 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
     engine.validate(_probe(req.limits))  # the model, sandbox and per-replay limits, as a run would check them
     engine.check_cost_cap(req.max_cost)  # the cap over all replays adds up the same prices
     await preflight(*engine.models())
-    guess = estimate(engine, req, dataset["train"], dataset["holdout"])
+    guess = estimate(engine, req, dataset.train, dataset.holdout)
     opt_id = new_id("o")
     lineage = lineage or opt_id
     params = {k: v for k, v in asdict(req).items() if k != "resume"}
     await store.write(store.runs.create, RunRecord(
-        id=opt_id, kind="optimize", question=f"optimize with {req.optimizer} on dataset {dataset['name']}",
+        id=opt_id, kind="optimize", question=f"optimize with {req.optimizer} on dataset {dataset.name}",
         status="running", request=params, created_at=time.time(), started_at=time.time(), owner_pid=os.getpid(),
         owner_host=socket.gethostname(), program_version=base,
     ))  # fmt: skip
     await store.write(store.optimize.create_optimization, {
-        "id": opt_id, "lineage": lineage, "dataset_id": dataset["id"], "optimizer": req.optimizer,
+        "id": opt_id, "lineage": lineage, "dataset_id": dataset.id, "optimizer": req.optimizer,
         "metric": req.metric, "base_version": base, "params": params, "version_id": None, "scores": {},
         "created_at": time.time(),
     })  # fmt: skip
     assert engine.bus is not None
-    engine.bus.publish(opt_id, RUN_STARTED, {"question": f"optimize {dataset['name']} with {req.optimizer}",
+    engine.bus.publish(opt_id, RUN_STARTED, {"question": f"optimize {dataset.name} with {req.optimizer}",
                                              "limits": req.limits, "session_id": None})  # fmt: skip
     engine.bus.publish(opt_id, OPTIMIZE_STARTED, {
-        "dataset": dataset["name"], "optimizer": req.optimizer, "metric": req.metric, "base_version": base,
-        "train": dataset["train"], "holdout": dataset["holdout"], "estimate": guess.model_dump(),
+        "dataset": dataset.name, "optimizer": req.optimizer, "metric": req.metric, "base_version": base,
+        "train": dataset.train, "holdout": dataset.holdout, "estimate": guess.model_dump(),
         "resumed_from": req.resume,
     })  # fmt: skip
     engine.start_task(opt_id, _run(engine, opt_id, lineage, req, dataset, base))
@@ -177,7 +177,7 @@ def _probe(limits: dict[str, Any]) -> Any:
 
 
 async def _run(
-    engine: Engine, opt_id: str, lineage: str, req: OptimizeRequest, dataset: dict[str, Any], base: str | None
+    engine: Engine, opt_id: str, lineage: str, req: OptimizeRequest, dataset: Dataset, base: str | None
 ) -> None:
     from fleet_rlm.optimize.harness import Replayer, Stopped
 
@@ -185,7 +185,7 @@ async def _run(
     loop = asyncio.get_running_loop()
     replayer = Replayer(engine, loop, optimization_id=opt_id, lineage=lineage, limits=req.limits,
                         cap_llm_calls=req.max_llm_calls, cap_cost=req.max_cost)  # fmt: skip
-    rows = store.optimize.dataset_rows(dataset["id"])
+    rows = store.optimize.dataset_rows(dataset.id)
     work_dir = engine.settings.home / "optimize" / lineage
     job = loop.run_in_executor(None, _optimize, engine, replayer, req, rows, base, work_dir)
     status, error, version_id, scores = "failed", None, None, Scores()
@@ -276,7 +276,7 @@ def _optimize(
     engine: Engine,
     replayer: Replayer,
     req: OptimizeRequest,
-    rows: list[dict[str, Any]],
+    rows: list[DatasetRow],
     base: str | None,
     work_dir: Path,
 ) -> tuple[Any, Scores]:
@@ -301,13 +301,13 @@ def _optimize(
     return compiled.program, scores
 
 
-def _examples(rows: list[dict[str, Any]], split: str) -> list[Any]:
+def _examples(rows: list[DatasetRow], split: str) -> list[Any]:
     import dspy
 
     return [
-        dspy.Example(question=r["question"], context_text=r["context_text"], context_paths=r["context_paths"] or [],
-                     answer=r["answer"]).with_inputs("question", "context_text", "context_paths")
-        for r in rows if r["split"] == split
+        dspy.Example(question=r.question, context_text=r.context_text, context_paths=r.context_paths or [],
+                     answer=r.answer).with_inputs("question", "context_text", "context_paths")
+        for r in rows if r.split == split
     ]  # fmt: skip
 
 
@@ -375,7 +375,7 @@ def _act_only(state: Any, trajectories: Any, subsample_scores: Any, candidate_id
 async def _save(
     workspace: Workspace,
     opt_id: str,
-    dataset: dict[str, Any],
+    dataset: Dataset,
     req: OptimizeRequest,
     base: str | None,
     program: Any,
@@ -385,7 +385,7 @@ async def _save(
     version_id = versions.new_version_id()
     store = workspace.store
     await store.write(store.optimize.add_program_version, {
-        "id": version_id, "base_id": base, "optimization_id": opt_id, "dataset_id": dataset["id"],
+        "id": version_id, "base_id": base, "optimization_id": opt_id, "dataset_id": dataset.id,
         "optimizer": req.optimizer, "metric": req.metric, "scores": scores.model_dump(), "state": state,
         "changes": versions.changes(versions.state_of(workspace, base), state), "created_at": time.time(),
     })  # fmt: skip
@@ -449,10 +449,10 @@ def state(workspace: Workspace, opt_id: str) -> OptimizationState:
         elif event["kind"] == OPTIMIZE_FINISHED:
             gate = data.get("gate") or {}
     return OptimizationState(
-        id=opt_id, status=row.status, dataset=datasets.name_of(workspace, opt["dataset_id"]),
-        optimizer=opt["optimizer"], metric=opt["metric"], base_version=opt["base_version"],
-        version_id=opt["version_id"], scores=Scores(**(opt["scores"] or {})), gate=gate, error=row.error,
-        evaluations=evaluations, cached=cached, created_at=opt["created_at"], finished_at=row.finished_at,
+        id=opt_id, status=row.status, dataset=datasets.name_of(workspace, opt.dataset_id),
+        optimizer=opt.optimizer, metric=opt.metric, base_version=opt.base_version,
+        version_id=opt.version_id, scores=Scores(**(opt.scores or {})), gate=gate, error=row.error,
+        evaluations=evaluations, cached=cached, created_at=opt.created_at, finished_at=row.finished_at,
         trials=[{"trial": t["trial"], "candidate": t["candidate"], "score": round(t["sum"] / t["evaluations"], 4),
                  "evaluations": t["evaluations"]} for t in sorted(trials.values(), key=lambda t: t["trial"])],
     )  # fmt: skip
@@ -460,7 +460,7 @@ def state(workspace: Workspace, opt_id: str) -> OptimizationState:
 
 def list_optimizations(workspace: Workspace, limit: int = 50) -> OptimizationList:
     found = workspace.store.optimize.list_optimizations(limit)
-    return OptimizationList(optimizations=[state(workspace, o["id"]) for o in found])
+    return OptimizationList(optimizations=[state(workspace, o.id) for o in found])
 
 
 async def wait(engine: Engine, opt_id: str) -> OptimizationState:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import secrets
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict, NotFound, UserError
@@ -20,6 +21,7 @@ from fleet_rlm.optimize.views import BUILTIN, Comparison, Gate, Scores, VersionD
 
 if TYPE_CHECKING:
     from fleet_rlm.core.workspace import Workspace
+    from fleet_rlm.store import ProgramVersion
 
 PREDICTORS = ("act", "extract")
 
@@ -76,10 +78,12 @@ def new_version_id() -> str:
 def state_of(workspace: Workspace, version: str | None) -> dict[str, Any]:
     if version in (None, BUILTIN):
         return builtin_state()
-    return require(workspace, version)["state"]
+    state = require(workspace, version).state
+    assert state is not None  # only listings leave a version's state out
+    return state
 
 
-def require(workspace: Workspace, version_id: str) -> dict[str, Any]:
+def require(workspace: Workspace, version_id: str) -> ProgramVersion:
     row = workspace.store.optimize.get_program_version(version_id)
     if row is None:
         raise NotFound(f"no program version '{version_id}': list them with `fleet-rlm programs ls`")
@@ -95,20 +99,20 @@ def active(workspace: Workspace) -> str | None:
 def _stack(workspace: Workspace) -> list[str]:
     stack: list[str] = []
     for act in reversed(workspace.store.optimize.activations()):
-        if act["action"] == "promote" and act["version_id"]:
-            stack.append(act["version_id"])
-        elif act["action"] == "rollback" and stack:
+        if act.action == "promote" and act.version_id:
+            stack.append(act.version_id)
+        elif act.action == "rollback" and stack:
             stack.pop()
     return stack
 
 
-def _info(row: dict[str, Any], active_id: str | None) -> dict[str, Any]:
-    scores = Scores(**(row["scores"] or {}))
+def _info(row: ProgramVersion, active_id: str | None) -> dict[str, Any]:
+    scores = Scores(**(row.scores or {}))
     passed, why = gate(scores)
     return {
-        "id": row["id"], "base_id": row["base_id"], "optimization_id": row["optimization_id"],
-        "dataset_id": row["dataset_id"], "optimizer": row["optimizer"], "metric": row["metric"], "scores": scores,
-        "gate": Gate(passed=passed, reason=why), "created_at": row["created_at"], "active": row["id"] == active_id,
+        "id": row.id, "base_id": row.base_id, "optimization_id": row.optimization_id,
+        "dataset_id": row.dataset_id, "optimizer": row.optimizer, "metric": row.metric, "scores": scores,
+        "gate": Gate(passed=passed, reason=why), "created_at": row.created_at, "active": row.id == active_id,
     }  # fmt: skip
 
 
@@ -118,13 +122,13 @@ def list_versions(workspace: Workspace) -> VersionList:
     return VersionList(
         active=current or BUILTIN,
         versions=[VersionInfo(**_info(r, current)) for r in store.optimize.list_program_versions()],
-        history=store.optimize.activations(),
+        history=[asdict(a) for a in store.optimize.activations()],
     )
 
 
 def show(workspace: Workspace, version_id: str) -> VersionDetail:
     row = require(workspace, version_id)
-    return VersionDetail(**_info(row, active(workspace)), changes=row["changes"] or {})
+    return VersionDetail(**_info(row, active(workspace)), changes=row.changes or {})
 
 
 def gate(scores: Scores, tolerance: float = 0.0) -> tuple[bool, str]:
@@ -154,7 +158,7 @@ async def promote(
     row = require(workspace, version_id)
     if active(workspace) == version_id:
         raise Conflict(f"version '{version_id}' is already active")
-    passed, why = gate(Scores(**(row["scores"] or {})), tolerance)
+    passed, why = gate(Scores(**(row.scores or {})), tolerance)
     reason = override.strip() if override else ""
     if not passed and not reason:
         raise GateRefused(f"version '{version_id}' does not pass the promotion gate: {why}; promote it anyway only "
@@ -178,7 +182,7 @@ async def rollback(workspace: Workspace) -> str:
 def compare(workspace: Workspace, a: str, b: str) -> Comparison:
     """Scores side by side, a diff of each predictor's instructions, and which demos each has."""
     states = {v: state_of(workspace, v) for v in (a, b)}
-    scores = {v: Scores() if v == BUILTIN else Scores(**(require(workspace, v)["scores"] or {})) for v in (a, b)}
+    scores = {v: Scores() if v == BUILTIN else Scores(**(require(workspace, v).scores or {})) for v in (a, b)}
     instructions, demos = {}, {}
     for name in PREDICTORS:
         left, right = _instructions(states[a], name), _instructions(states[b], name)

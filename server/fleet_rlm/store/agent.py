@@ -2,7 +2,7 @@
 and uploads of a conversation, and the workflows' checkpoints (schema: ``store/db.py``, migrations 6 and 7).
 
 ``store.agent``: every write runs on the store's one writer thread (``writer.run``), reads use its
-read connection (``read``); rows are still dicts. Decisions that must happen once are single
+read connection (``read``); rows come back as frozen dataclasses. Decisions that must happen once are single
 conditional UPDATEs in one transaction (an approval is decided once, a paused turn is resumed by one
 process, an approved call runs once), so two faces, or two processes, answering the same approval
 cannot both win. Free text a person or a model wrote is masked by ``redact`` on the way in, except an
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict
@@ -71,34 +72,147 @@ _APPROVAL = (
     "executed_at",
 )
 _AUDIT = ("id", "conversation_id", "approval_id", "action", "tool", "summary", "actor", "reason", "created_at")
+_CHECKPOINT = ("id", "workflow_name", "created_at", "data_json")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation with the workspace agent; ``session_id`` is the RLM session its runs share."""
+
+    id: str
+    title: str
+    session_id: str
+    volume: str
+    grants: list[str]  # tools the user allowed always here
+    mcp_servers: list[dict[str, Any]]
+    created_at: float
+    updated_at: float
+    pending: int | None = None  # approvals waiting for a decision (counted by ``list_conversations`` only)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a conversation: the user's message and what the agent did with it."""
+
+    id: str
+    conversation_id: str
+    status: str  # running | paused | done | failed | interrupted | expired
+    error: str | None
+    owner_pid: int | None
+    owner_host: str | None
+    owner_start: str | None
+    created_at: float
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """A message of a conversation; ``af`` is the framework's form of it (``Message.to_dict()``)."""
+
+    id: int
+    conversation_id: str
+    turn_id: str
+    role: str
+    kind: str  # text | tool_call | tool_result
+    text: str | None
+    call_id: str | None
+    tool: str | None
+    arguments: Any  # a tool call's arguments (None for other messages)
+    af: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A call that waits for (or got) a person's decision before it runs."""
+
+    id: str
+    conversation_id: str
+    turn_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    summary: str
+    blocked: str | None
+    status: str  # pending | approved | rejected | expired
+    decided_by: str | None
+    reason: str | None
+    always: bool
+    created_at: float
+    expires_at: float
+    decided_at: float | None
+    executed_at: float | None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One line of the approval audit log."""
+
+    id: int
+    conversation_id: str
+    approval_id: str | None
+    action: str  # requested | approved | auto_approved | rejected | expired | executed
+    tool: str
+    summary: str
+    actor: str
+    reason: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class LinkedRun:
+    """An RLM run the agent started in a conversation, with the run's status and question (if it is kept)."""
+
+    run_id: str
+    turn_id: str
+    created_at: float
+    status: str | None
+    question: str | None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """An upload attached to a conversation."""
+
+    upload_id: str
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A turn's workflow state, in the framework's encoded form (``agent.checkpoints``)."""
+
+    id: str
+    workflow_name: str
+    created_at: float
+    data: dict[str, Any]
 
 
 class DecisionRefused(Conflict):
     """An approval cannot be decided (unknown, already decided, expired); the message says which."""
 
 
-def _row(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
-    """A row as a dict (``rows.record``), with an approval's ``always`` as a bool."""
-    out = record(columns, row)
-    if "always" in out:
-        out["always"] = bool(out["always"])
-    return out
+def _approval(row: tuple[Any, ...]) -> Approval:
+    """An approval row (``rows.record``), with its ``always`` as a bool."""
+    out = record(_APPROVAL, row)
+    return Approval(**{**out, "always": bool(out["always"])})
 
 
 def _select(table: str, columns: tuple[str, ...]) -> str:
     return f"SELECT {', '.join(columns)} FROM {table}"
 
 
-def _audit(tx: Tx, approval: dict[str, Any], action: str, actor: str, reason: str | None, now: float) -> None:
+def _audit(tx: Tx, approval: Approval, action: str, actor: str, reason: str | None, now: float) -> None:
     tx.conn.execute(
         "INSERT INTO agent_audit (conversation_id, approval_id, action, tool, summary, actor, reason, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            approval["conversation_id"],
-            approval["id"],
+            approval.conversation_id,
+            approval.id,
             action,
-            approval["tool"],
-            approval["summary"],
+            approval.tool,
+            approval.summary,
             actor,
             redact(reason),
             now,
@@ -114,7 +228,7 @@ class AgentTables:
 
     # -- conversations ----------------------------------------------------------------------------
 
-    def create_conversation(self, conversation_id: str, title: str, session_id: str, volume: str) -> dict[str, Any]:
+    def create_conversation(self, conversation_id: str, title: str, session_id: str, volume: str) -> Conversation:
         now = time.time()
         values = (conversation_id, redact(title), session_id, volume, "[]", "[]", now, now)
 
@@ -124,13 +238,13 @@ class AgentTables:
             )
 
         self._db.writer.run(insert)
-        return _row(_CONV, values)
+        return Conversation(**record(_CONV, values))
 
-    def get_conversation(self, conversation_id: str) -> dict[str, Any] | None:
+    def get_conversation(self, conversation_id: str) -> Conversation | None:
         rows = self._db.read(_select("agent_conversations", _CONV) + " WHERE id = ?", (conversation_id,))
-        return _row(_CONV, rows[0]) if rows else None
+        return Conversation(**record(_CONV, rows[0])) if rows else None
 
-    def list_conversations(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    def list_conversations(self, limit: int = 50, offset: int = 0) -> list[Conversation]:
         """Most recently active first, each with its count of pending approvals."""
         pending = (
             "(SELECT COUNT(*) FROM agent_approvals a WHERE a.conversation_id = agent_conversations.id"
@@ -140,7 +254,7 @@ class AgentTables:
             f"SELECT {', '.join(_CONV)}, {pending} FROM agent_conversations"
             " ORDER BY updated_at DESC, id DESC LIMIT ? OFFSET ?"
         )
-        return [{**_row(_CONV, r[:-1]), "pending": r[-1]} for r in self._db.read(sql, (limit, offset))]
+        return [Conversation(**record(_CONV, r[:-1]), pending=r[-1]) for r in self._db.read(sql, (limit, offset))]
 
     def set_mcp_servers(self, conversation_id: str, servers: list[dict[str, Any]]) -> None:
         def update(tx: Tx) -> None:
@@ -187,19 +301,19 @@ class AgentTables:
 
         self._db.writer.run(update)
 
-    def get_turn(self, turn_id: str) -> dict[str, Any] | None:
+    def get_turn(self, turn_id: str) -> Turn | None:
         rows = self._db.read(_select("agent_turns", _TURN) + " WHERE id = ?", (turn_id,))
-        return _row(_TURN, rows[0]) if rows else None
+        return Turn(*rows[0]) if rows else None
 
-    def active_turn(self, conversation_id: str) -> dict[str, Any] | None:
+    def active_turn(self, conversation_id: str) -> Turn | None:
         sql = _select("agent_turns", _TURN) + f" WHERE conversation_id = ? AND status IN {ACTIVE_TURNS}"
         rows = self._db.read(sql, (conversation_id,))
-        return _row(_TURN, rows[0]) if rows else None
+        return Turn(*rows[0]) if rows else None
 
-    def interrupt_turns(self, gone: Callable[[dict[str, Any]], bool]) -> list[str]:
+    def interrupt_turns(self, gone: Callable[[Turn], bool]) -> list[str]:
         """Close out running turns whose process is ``gone`` (a paused turn waits in the store, not a process)."""
-        rows = [_row(_TURN, r) for r in self._db.read(_select("agent_turns", _TURN) + " WHERE status = 'running'")]
-        dead = [t["id"] for t in rows if gone(t)]
+        rows = [Turn(*r) for r in self._db.read(_select("agent_turns", _TURN) + " WHERE status = 'running'")]
+        dead = [t.id for t in rows if gone(t)]
         for turn_id in dead:
             self.finish_turn(turn_id, "interrupted", "the process running this turn stopped")
         return dead
@@ -218,7 +332,7 @@ class AgentTables:
         call_id: str | None = None,
         tool: str | None = None,
         arguments: Any = None,
-    ) -> dict[str, Any]:
+    ) -> ChatMessage:
         """Append one message; ``af`` is the framework's form of it (``Message.to_dict()``)."""
         now = time.time()
         values = [
@@ -242,83 +356,83 @@ class AgentTables:
             return int(cur.lastrowid or 0)
 
         message_id = self._db.writer.run(insert)
-        return _row(_MSG, (message_id, *values))
+        return ChatMessage(**record(_MSG, (message_id, *values)))
 
-    def messages(self, conversation_id: str) -> list[dict[str, Any]]:
+    def messages(self, conversation_id: str) -> list[ChatMessage]:
         sql = _select("agent_messages", _MSG) + " WHERE conversation_id = ? ORDER BY id"
-        return [_row(_MSG, r) for r in self._db.read(sql, (conversation_id,))]
+        return [ChatMessage(**record(_MSG, r)) for r in self._db.read(sql, (conversation_id,))]
 
     # -- approvals and the audit log ----------------------------------------------------------------
 
-    def record_approvals(self, turn_id: str, approvals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def record_approvals(self, turn_id: str, approvals: list[dict[str, Any]]) -> list[Approval]:
         """Record the approvals of a turn's paused calls (pending, or approved at once by a policy) with
         their audit entries, and mark the turn paused if any waits for a person, in one transaction: an
         answer can never come before the turn is resumable."""
         records = []
         for approval in approvals:
             rec = {
+                **{c.removesuffix("_json"): None for c in _APPROVAL},  # a column the caller leaves out is NULL
                 **approval,
                 "summary": redact_known(approval["summary"]),
                 "arguments": redact_known(approval["arguments"]),
-                "blocked": approval.get("blocked"),
                 "reason": redact(approval.get("reason")),
                 "always": bool(approval.get("always")),
                 "executed_at": None,
             }
-            records.append(rec)
+            records.append(Approval(**rec))
 
-        def insert(tx: Tx) -> list[dict[str, Any]]:
+        def insert(tx: Tx) -> list[Approval]:
             for rec in records:
-                values = [dumps(rec[c[:-5]]) if c.endswith("_json") else rec.get(c) for c in _APPROVAL]
-                values[_APPROVAL.index("always")] = int(rec["always"])
+                values = [dumps(getattr(rec, c[:-5])) if c.endswith("_json") else getattr(rec, c) for c in _APPROVAL]
+                values[_APPROVAL.index("always")] = int(rec.always)
                 tx.conn.execute(
                     f"INSERT INTO agent_approvals ({', '.join(_APPROVAL)}) VALUES ({', '.join('?' * len(_APPROVAL))})",
                     values,
                 )
-                _audit(tx, rec, "requested", "agent", None, rec["created_at"])
-                if rec["status"] == "approved":
-                    _audit(tx, rec, "auto_approved", rec.get("decided_by") or "policy", None, rec["created_at"])
-            if any(rec["status"] == "pending" for rec in records):
+                _audit(tx, rec, "requested", "agent", None, rec.created_at)
+                if rec.status == "approved":
+                    _audit(tx, rec, "auto_approved", rec.decided_by or "policy", None, rec.created_at)
+            if any(rec.status == "pending" for rec in records):
                 tx.conn.execute("UPDATE agent_turns SET status = 'paused' WHERE id = ?", (turn_id,))
             return records
 
         return self._db.writer.run(insert)
 
-    def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+    def get_approval(self, approval_id: str) -> Approval | None:
         rows = self._db.read(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,))
-        return _row(_APPROVAL, rows[0]) if rows else None
+        return _approval(rows[0]) if rows else None
 
     def list_approvals(
         self, *, status: str | None = None, conversation_id: str | None = None, turn_id: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Approval]:
         where, params = [], []
         for column, value in (("status", status), ("conversation_id", conversation_id), ("turn_id", turn_id)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = _select("agent_approvals", _APPROVAL) + (f" WHERE {' AND '.join(where)}" if where else "")
-        return [_row(_APPROVAL, r) for r in self._db.read(sql + " ORDER BY created_at, id", tuple(params))]
+        return [_approval(r) for r in self._db.read(sql + " ORDER BY created_at, id", tuple(params))]
 
     def decide_approval(
         self, approval_id: str, approve: bool, actor: str, reason: str | None, always: bool, owner: tuple[Any, ...]
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[Approval, bool]:
         """Decide a pending approval once, with its audit entry; "always" also grants the tool for the
         conversation. Returns the approval and whether the caller now owns resuming its turn (no other
         approval of the turn is pending, and the paused turn was claimed for this process).
         DecisionRefused when it is unknown, decided already, or expired, or asked to approve a blocked one."""
         now = time.time()
 
-        def decide(tx: Tx) -> tuple[dict[str, Any], bool]:
+        def decide(tx: Tx) -> tuple[Approval, bool]:
             row = tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone()
             if row is None:
                 raise DecisionRefused(f"no approval '{approval_id}'")
-            approval = _row(_APPROVAL, row)
-            if approval["status"] == "pending" and approval["expires_at"] <= now:
+            approval = _approval(row)
+            if approval.status == "pending" and approval.expires_at <= now:
                 raise DecisionRefused(f"approval '{approval_id}' expired before it was answered")
-            if approval["status"] != "pending":
-                raise DecisionRefused(f"approval '{approval_id}' is {approval['status']} already")
-            if approve and approval["blocked"]:
-                raise DecisionRefused(f"approval '{approval_id}' cannot be approved ({approval['blocked']}): reject it")
+            if approval.status != "pending":
+                raise DecisionRefused(f"approval '{approval_id}' is {approval.status} already")
+            if approve and approval.blocked:
+                raise DecisionRefused(f"approval '{approval_id}' cannot be approved ({approval.blocked}): reject it")
             status = "approved" if approve else "rejected"
             tx.conn.execute(
                 "UPDATE agent_approvals SET status = ?, decided_by = ?, reason = ?, always = ?, decided_at = ?"
@@ -328,43 +442,45 @@ class AgentTables:
             _audit(tx, approval, status, actor, reason, now)
             if always and approve:
                 (grants_json,) = tx.conn.execute(
-                    "SELECT grants_json FROM agent_conversations WHERE id = ?", (approval["conversation_id"],)
+                    "SELECT grants_json FROM agent_conversations WHERE id = ?", (approval.conversation_id,)
                 ).fetchone()
-                grants = sorted({*json.loads(grants_json), approval["tool"]})
+                grants = sorted({*json.loads(grants_json), approval.tool})
                 tx.conn.execute(
                     "UPDATE agent_conversations SET grants_json = ? WHERE id = ?",
-                    (dumps(grants), approval["conversation_id"]),
+                    (dumps(grants), approval.conversation_id),
                 )
             waiting = tx.conn.execute(
-                "SELECT COUNT(*) FROM agent_approvals WHERE turn_id = ? AND status = 'pending'", (approval["turn_id"],)
+                "SELECT COUNT(*) FROM agent_approvals WHERE turn_id = ? AND status = 'pending'", (approval.turn_id,)
             ).fetchone()[0]
             claimed = False
             if not waiting:
                 cur = tx.conn.execute(
                     "UPDATE agent_turns SET status = 'running', owner_pid = ?, owner_host = ?, owner_start = ?"
                     " WHERE id = ? AND status = 'paused'",
-                    (*owner, approval["turn_id"]),
+                    (*owner, approval.turn_id),
                 )
                 claimed = cur.rowcount == 1
-            approval.update(status=status, decided_by=actor, reason=reason, always=always and approve, decided_at=now)
-            return approval, claimed
+            decided = replace(
+                approval, status=status, decided_by=actor, reason=reason, always=always and approve, decided_at=now
+            )
+            return decided, claimed
 
         return self._db.writer.run(decide)
 
-    def expire_approvals(self, result_af: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    def expire_approvals(self, result_af: Callable[[Approval], dict[str, Any]]) -> list[Approval]:
         """Expire pending approvals past their time, with audit entries. A paused turn left with nothing
         pending ends as ``expired`` and each expired call gets the tool result ``result_af(approval)``,
         so the conversation's history stays whole."""
         now = time.time()
 
-        def expire(tx: Tx) -> list[dict[str, Any]]:
+        def expire(tx: Tx) -> list[Approval]:
             rows = tx.conn.execute(
                 _select("agent_approvals", _APPROVAL) + " WHERE status = 'pending' AND expires_at <= ?", (now,)
             ).fetchall()
-            expired = [_row(_APPROVAL, r) for r in rows]
-            for approval in expired:
+            expired = []
+            for approval in map(_approval, rows):
                 tx.conn.execute(
-                    "UPDATE agent_approvals SET status = 'expired', decided_at = ? WHERE id = ?", (now, approval["id"])
+                    "UPDATE agent_approvals SET status = 'expired', decided_at = ? WHERE id = ?", (now, approval.id)
                 )
                 _audit(tx, approval, "expired", "system", "nobody answered in time", now)
                 af = result_af(approval)
@@ -372,17 +488,17 @@ class AgentTables:
                     f"INSERT INTO agent_messages ({', '.join(_MSG[1:])}) VALUES (?, ?, 'tool', 'tool_result', ?, ?,"
                     " ?, NULL, ?, ?)",
                     (
-                        approval["conversation_id"],
-                        approval["turn_id"],
+                        approval.conversation_id,
+                        approval.turn_id,
                         "not run: the approval expired",
-                        approval["call_id"],
-                        approval["tool"],
+                        approval.call_id,
+                        approval.tool,
                         dumps(af),
                         now,
                     ),
                 )
-                approval["status"] = "expired"
-            for turn_id in {a["turn_id"] for a in expired}:
+                expired.append(replace(approval, status="expired"))
+            for turn_id in {a.turn_id for a in expired}:
                 waiting = tx.conn.execute(
                     "SELECT COUNT(*) FROM agent_approvals WHERE turn_id = ? AND status = 'pending'", (turn_id,)
                 ).fetchone()[0]
@@ -396,12 +512,12 @@ class AgentTables:
 
         return self._db.writer.run(expire)
 
-    def claim_execution(self, approval_id: str) -> dict[str, Any] | None:
+    def claim_execution(self, approval_id: str) -> Approval | None:
         """Mark an approved call as executing, once: the approval when this caller may run the tool,
         None when it is not approved or ran already (a replayed checkpoint must not run it twice)."""
         now = time.time()
 
-        def claim(tx: Tx) -> dict[str, Any] | None:
+        def claim(tx: Tx) -> Approval | None:
             cur = tx.conn.execute(
                 "UPDATE agent_approvals SET executed_at = ?"
                 " WHERE id = ? AND status = 'approved' AND executed_at IS NULL",
@@ -409,21 +525,20 @@ class AgentTables:
             )
             if cur.rowcount != 1:
                 return None
-            approval = _row(
-                _APPROVAL,
-                tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone(),
+            approval = _approval(
+                tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone()
             )
             _audit(tx, approval, "executed", "agent", None, now)
             return approval
 
         return self._db.writer.run(claim)
 
-    def audit(self, conversation_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+    def audit(self, conversation_id: str | None = None, limit: int = 200) -> list[AuditEntry]:
         """Newest first."""
         where = " WHERE conversation_id = ?" if conversation_id else ""
         params: tuple[Any, ...] = (conversation_id, limit) if conversation_id else (limit,)
         sql = _select("agent_audit", _AUDIT) + where + " ORDER BY id DESC LIMIT ?"
-        return [_row(_AUDIT, r) for r in self._db.read(sql, params)]
+        return [AuditEntry(*r) for r in self._db.read(sql, params)]
 
     # -- runs and attachments -----------------------------------------------------------------------
 
@@ -436,13 +551,12 @@ class AgentTables:
 
         self._db.writer.run(insert)
 
-    def conversation_runs(self, conversation_id: str) -> list[dict[str, Any]]:
+    def conversation_runs(self, conversation_id: str) -> list[LinkedRun]:
         sql = (
             "SELECT c.run_id, c.turn_id, c.created_at, r.status, r.question FROM agent_runs c"
             " LEFT JOIN runs r ON r.id = c.run_id WHERE c.conversation_id = ? ORDER BY c.created_at"
         )
-        keys = ("run_id", "turn_id", "created_at", "status", "question")
-        return [dict(zip(keys, r, strict=True)) for r in self._db.read(sql, (conversation_id,))]
+        return [LinkedRun(*r) for r in self._db.read(sql, (conversation_id,))]
 
     def attach(self, conversation_id: str, upload_ids: list[str]) -> None:
         now = time.time()
@@ -455,13 +569,12 @@ class AgentTables:
 
         self._db.writer.run(insert)
 
-    def attachments(self, conversation_id: str) -> list[dict[str, Any]]:
+    def attachments(self, conversation_id: str) -> list[Attachment]:
         sql = (
             "SELECT a.upload_id, u.name, u.size FROM agent_attachments a JOIN uploads u ON u.id = a.upload_id"
             " WHERE a.conversation_id = ? ORDER BY a.created_at, a.upload_id"
         )
-        rows = self._db.read(sql, (conversation_id,))
-        return [dict(zip(("upload_id", "name", "size"), r, strict=True)) for r in rows]
+        return [Attachment(*r) for r in self._db.read(sql, (conversation_id,))]
 
     # -- checkpoints (agent.checkpoints.StoreCheckpointStorage) --------------------------------------
 
@@ -477,14 +590,14 @@ class AgentTables:
 
         self._db.writer.run(upsert)
 
-    def load_checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
-        rows = self._db.read("SELECT data_json FROM agent_checkpoints WHERE id = ?", (checkpoint_id,))
-        return json.loads(rows[0][0]) if rows else None
+    def load_checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        rows = self._db.read(_select("agent_checkpoints", _CHECKPOINT) + " WHERE id = ?", (checkpoint_id,))
+        return Checkpoint(**record(_CHECKPOINT, rows[0])) if rows else None
 
-    def workflow_checkpoints(self, workflow: str) -> list[dict[str, Any]]:
+    def workflow_checkpoints(self, workflow: str) -> list[Checkpoint]:
         """Oldest first."""
-        sql = "SELECT data_json FROM agent_checkpoints WHERE workflow_name = ? ORDER BY created_at, rowid"
-        return [json.loads(r[0]) for r in self._db.read(sql, (workflow,))]
+        sql = _select("agent_checkpoints", _CHECKPOINT) + " WHERE workflow_name = ? ORDER BY created_at, rowid"
+        return [Checkpoint(**record(_CHECKPOINT, r)) for r in self._db.read(sql, (workflow,))]
 
     def delete_checkpoint(self, checkpoint_id: str) -> bool:
         def delete(tx: Tx) -> bool:

@@ -2,7 +2,7 @@
 and the evaluation cache (schema: ``store/db.py``, migration 5).
 
 ``store.optimize``: writes go through the store's one writer thread (``writer.run``), reads through
-its read connection (``read``), like every other repository; rows are still dicts. Free text a person
+its read connection (``read``), like every other repository; rows come back as frozen dataclasses. Free text a person
 or a model wrote (questions, answers, comments, contexts) is masked by ``redact`` on the way in.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.redaction import redact
@@ -27,6 +28,105 @@ _VERSION_COLUMNS = ("id", "base_id", "optimization_id", "dataset_id", "optimizer
 _OPT_COLUMNS = ("id", "lineage", "dataset_id", "optimizer", "metric", "base_version", "params_json", "version_id",
                 "scores_json", "created_at")  # fmt: skip
 _OPT_UPDATABLE = frozenset({"version_id", "scores_json"})
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset, with its row counts per split."""
+
+    id: str
+    name: str
+    source: str  # jsonl (imported) | feedback (judged runs)
+    holdout_fraction: float
+    seed: int
+    created_at: float
+    train: int
+    holdout: int
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One row of a dataset: a question, its context and the expected answer."""
+
+    idx: int
+    split: str  # train | holdout
+    question: str
+    context_text: str | None
+    context_paths: list[str] | None
+    answer: str
+    verdict: bool | None  # the person's judgement of the run the row came from, if any
+    comment: str | None
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class JudgedRun:
+    """A run's newest feedback with what a dataset needs of the run (``judged_runs``)."""
+
+    run_id: str
+    question: str
+    answer: str | None
+    status: str
+    request: dict[str, Any]
+    session_id: str | None
+    earlier: int  # runs its session had before it (0 for a session's first run)
+    correct: bool
+    expected: str | None
+    comment: str | None
+
+
+@dataclass(frozen=True)
+class ProgramVersion:
+    """A saved program: where it came from, how it scored, what changed from its base."""
+
+    id: str
+    base_id: str | None
+    optimization_id: str | None
+    dataset_id: str | None
+    optimizer: str
+    metric: str
+    scores: dict[str, Any] | None
+    changes: dict[str, Any] | None
+    created_at: float
+    state: dict[str, Any] | None = None  # None in listings (``list_program_versions``: it can be large)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """A promotion or rollback: the version new runs use from then on (None: the built-in program)."""
+
+    id: int
+    version_id: str | None
+    action: str  # promote | rollback
+    reason: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """An optimization's settings and, once it finished, the version it produced and its scores."""
+
+    id: str
+    lineage: str
+    dataset_id: str
+    optimizer: str
+    metric: str
+    base_version: str | None
+    params: dict[str, Any] | None
+    version_id: str | None
+    scores: dict[str, Any] | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class CachedEval:
+    """What replaying one example with one program gave (the evaluation cache)."""
+
+    run_id: str | None
+    answer: str | None
+    steps: list[dict[str, Any]] | None
+    llm_calls: int
+    cost: float | None
 
 
 class OptimizeTables:
@@ -64,7 +164,7 @@ class OptimizeTables:
 
         self._db.writer.run(insert)
 
-    def get_dataset(self, name_or_id: str) -> dict[str, Any] | None:
+    def get_dataset(self, name_or_id: str) -> Dataset | None:
         """The dataset (by name, else id) with its row counts per split."""
         rows = self._db.read(
             f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets WHERE name = ? OR id = ? ORDER BY name = ? DESC",
@@ -72,18 +172,16 @@ class OptimizeTables:
         )
         return self._with_counts(record(_DATASET_COLUMNS, rows[0])) if rows else None
 
-    def list_datasets(self) -> list[dict[str, Any]]:
+    def list_datasets(self) -> list[Dataset]:
         rows = self._db.read(f"SELECT {', '.join(_DATASET_COLUMNS)} FROM datasets ORDER BY created_at DESC, name")
         return [self._with_counts(record(_DATASET_COLUMNS, r)) for r in rows]
 
-    def _with_counts(self, dataset: dict[str, Any]) -> dict[str, Any]:
+    def _with_counts(self, dataset: dict[str, Any]) -> Dataset:
         sql = "SELECT split, COUNT(*) FROM dataset_rows WHERE dataset_id = ? GROUP BY split"
         counts = dict(self._db.read(sql, (dataset["id"],)))
-        dataset["train"] = int(counts.get("train", 0))
-        dataset["holdout"] = int(counts.get("holdout", 0))
-        return dataset
+        return Dataset(**dataset, train=int(counts.get("train", 0)), holdout=int(counts.get("holdout", 0)))
 
-    def dataset_rows(self, dataset_id: str) -> list[dict[str, Any]]:
+    def dataset_rows(self, dataset_id: str) -> list[DatasetRow]:
         rows = self._db.read(
             f"SELECT {', '.join(_ROW_COLUMNS)} FROM dataset_rows WHERE dataset_id = ? ORDER BY idx", (dataset_id,)
         )
@@ -91,10 +189,10 @@ class OptimizeTables:
         for r in rows:
             rec = record(_ROW_COLUMNS, r)
             rec["verdict"] = None if rec["verdict"] is None else bool(rec["verdict"])
-            out.append(rec)
+            out.append(DatasetRow(**rec))
         return out
 
-    def judged_runs(self) -> list[dict[str, Any]]:
+    def judged_runs(self) -> list[JudgedRun]:
         """Each run's newest feedback with what a dataset needs of the run (people's runs only), and
         ``earlier``: how many runs its session had before it (0 for a session's first run)."""
         sql = (
@@ -107,10 +205,10 @@ class OptimizeTables:
         keys = ("run_id", "question", "answer", "status", "request", "session_id", "earlier", "correct", "expected",
                 "comment")  # fmt: skip
         rows = [dict(zip(keys, r, strict=True)) for r in self._db.read(sql)]
-        for row in rows:
-            row["request"] = json.loads(row["request"] or "{}")
-            row["correct"] = bool(row["correct"])
-        return rows
+        return [
+            JudgedRun(**{**row, "request": json.loads(row["request"] or "{}"), "correct": bool(row["correct"])})
+            for row in rows
+        ]
 
     # -- program versions -----------------------------------------------------------------------
 
@@ -126,15 +224,15 @@ class OptimizeTables:
 
         self._db.writer.run(insert)
 
-    def get_program_version(self, version_id: str) -> dict[str, Any] | None:
+    def get_program_version(self, version_id: str) -> ProgramVersion | None:
         rows = self._db.read(f"SELECT {', '.join(_VERSION_COLUMNS)} FROM program_versions WHERE id = ?", (version_id,))
-        return record(_VERSION_COLUMNS, rows[0]) if rows else None
+        return ProgramVersion(**record(_VERSION_COLUMNS, rows[0])) if rows else None
 
-    def list_program_versions(self) -> list[dict[str, Any]]:
+    def list_program_versions(self) -> list[ProgramVersion]:
         """Newest first, without their saved state (it can be large)."""
         columns = tuple(c for c in _VERSION_COLUMNS if c != "state_json")
         rows = self._db.read(f"SELECT {', '.join(columns)} FROM program_versions ORDER BY created_at DESC, id DESC")
-        return [record(columns, r) for r in rows]
+        return [ProgramVersion(**record(columns, r)) for r in rows]
 
     def activate_program(self, version_id: str | None, action: str, reason: str | None) -> None:
         """Make ``version_id`` (None: the built-in program) the one new runs use; kept as history."""
@@ -147,11 +245,11 @@ class OptimizeTables:
 
         self._db.writer.run(insert)
 
-    def activations(self) -> list[dict[str, Any]]:
+    def activations(self) -> list[Activation]:
         """Promotions and rollbacks, newest first."""
         keys = ("id", "version_id", "action", "reason", "created_at")
         rows = self._db.read(f"SELECT {', '.join(keys)} FROM program_activations ORDER BY id DESC")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return [Activation(*r) for r in rows]
 
     def active_program_version(self) -> str | None:
         rows = self._db.read("SELECT version_id FROM program_activations ORDER BY id DESC LIMIT 1")
@@ -178,25 +276,25 @@ class OptimizeTables:
         sql = f"UPDATE optimizations SET {', '.join(f'{k} = ?' for k in columns)} WHERE id = ?"
         self._db.writer.run(lambda tx: tx.conn.execute(sql, [*params, opt_id]))
 
-    def get_optimization(self, opt_id: str) -> dict[str, Any] | None:
+    def get_optimization(self, opt_id: str) -> Optimization | None:
         rows = self._db.read(f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations WHERE id = ?", (opt_id,))
-        return record(_OPT_COLUMNS, rows[0]) if rows else None
+        return Optimization(**record(_OPT_COLUMNS, rows[0])) if rows else None
 
-    def list_optimizations(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list_optimizations(self, limit: int = 50) -> list[Optimization]:
         rows = self._db.read(
             f"SELECT {', '.join(_OPT_COLUMNS)} FROM optimizations ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
         )
-        return [record(_OPT_COLUMNS, r) for r in rows]
+        return [Optimization(**record(_OPT_COLUMNS, r)) for r in rows]
 
     # -- evaluation cache -----------------------------------------------------------------------
 
-    def cached_eval(self, lineage: str, program_hash: str, example_key: str) -> dict[str, Any] | None:
+    def cached_eval(self, lineage: str, program_hash: str, example_key: str) -> CachedEval | None:
         keys = ("run_id", "answer", "steps_json", "llm_calls", "cost")
         rows = self._db.read(
             f"SELECT {', '.join(keys)} FROM eval_cache WHERE lineage = ? AND program_hash = ? AND example_key = ?",
             (lineage, program_hash, example_key),
         )
-        return record(keys, rows[0]) if rows else None
+        return CachedEval(**record(keys, rows[0])) if rows else None
 
     def cache_eval(
         self,

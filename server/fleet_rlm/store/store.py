@@ -5,8 +5,7 @@ The rows live in its repositories, each its own class over that core (``rows.Dat
 ``store.runs`` (runs and their events: ``runs.py``), ``store.sessions``, ``store.uploads`` (uploads,
 the runs that read them, feedback), ``store.records`` (what runs' calls returned, for replay and fork),
 ``store.optimize`` (datasets, program versions, optimizations) and ``store.agent`` (the workspace
-agent's conversations and approvals). Each returns typed rows (dataclasses; the optimize and agent
-repositories still return dicts).
+agent's conversations and approvals). Each returns typed rows: dataclasses, exported by ``fleet_rlm.store``.
 
 Writes and reads take separate paths. Every write runs on the store's one writer thread, queued and
 group-committed. The repositories' write methods wait for their commit and may be called from any

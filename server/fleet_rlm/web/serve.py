@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 import webbrowser
 from typing import TYPE_CHECKING, TextIO
 
 from fleet_rlm.errors import FleetError
-from fleet_rlm.http_auth import check_bind, listen, log_to_stderr, resolve_token, url_of, warn_if_unfenced
+from fleet_rlm.http_auth import bind_server, log_to_stderr, resolve_token, run_server, url_of
 
 if TYPE_CHECKING:
     from fleet_rlm.web.state import McpFace
@@ -42,33 +41,21 @@ def serve(host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, open_browser: bo
           allow_remote: bool = False, out: TextIO | None = None, mcp: McpFace | None = None) -> None:  # fmt: skip
     """Run ``fleet web`` until stopped (blocking), with the MCP face ``mcp`` builds at ``/mcp``.
     Raises BindError/OSError before listening when refused."""
-    import uvicorn
-
     from fleet_rlm.web.app import create_app
 
     out = out or sys.stderr
     required = resolve_token()
     token = required.value if required else None
-    check_bind(host, token, allow_remote)
-    sock = listen(host, port)
-    bound_port = sock.getsockname()[1]
-    app = create_app(token=token, host=host, port=bound_port, allow_remote=allow_remote, mcp=mcp)
-    warn_if_unfenced(host, log)
+    sock = bind_server(host, port, token, allow_remote, log)
+    app = create_app(token=token, host=host, port=sock.getsockname()[1], allow_remote=allow_remote, mcp=mcp)
     base = url_of(sock)
     url = sign_in_url(base, token)
     announce(url, f"{base}/mcp" if mcp else None, out)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    if open_browser:
-        threading.Thread(target=_open_when_up, args=(server, url), daemon=True).start()
-    server.run(sockets=[sock])
+    run_server(app, sock, when_up=(lambda: _open_browser(url)) if open_browser else None)
 
 
-def _open_when_up(server: object, url: str) -> None:
-    import time
-
-    while not getattr(server, "started", False) and not getattr(server, "should_exit", False):
-        time.sleep(0.05)
-    if getattr(server, "started", False) and not webbrowser.open(url):
+def _open_browser(url: str) -> None:
+    if not webbrowser.open(url):
         print("fleet web: could not open a browser: open the address above yourself", file=sys.stderr)
 
 

@@ -1,5 +1,5 @@
 """Volumes: list, tree, read, download, upload, delete, create. File I/O runs off the event loop,
-and every path goes through the engine's ``Volumes`` (no link followed, no escape from the volume)."""
+and every call is the workspace's (``core.volume_operations``: no link followed, no escape from the volume)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ async def list_volumes(call: Call) -> views.VolumeList:
 @routes.add("POST", "/api/volumes", "Create a volume (with memory/, artifacts/, buffers/, meta/)",
             body=m.VolumeCreate, response=m.VolumeCreated, status=201)  # fmt: skip
 async def create_volume(call: Call) -> m.VolumeCreated:
-    await asyncio.to_thread(call.engine.volumes.ensure, call.body.name)
+    await asyncio.to_thread(call.engine.workspace.create_volume, call.body.name)
     return m.VolumeCreated(name=call.body.name)
 
 
 @routes.add("DELETE", "/api/volumes/{name}", "Delete a volume and every file in it", status=204)
 async def delete_volume(call: Call) -> None:
-    await asyncio.to_thread(call.engine.volumes.delete_volume, call.path["name"])
+    await asyncio.to_thread(call.engine.workspace.delete_volume, call.path["name"])
 
 
 @routes.add("GET", "/api/volumes/{name}/files", "Files under a path of a volume", query=m.FilesQuery,
@@ -54,7 +54,7 @@ async def text(call: Call) -> views.TextRange:
             media_type="application/octet-stream")  # fmt: skip
 async def download(call: Call) -> StreamingResponse:
     name, path = call.path["name"], call.query.path
-    fd, info = await asyncio.to_thread(call.engine.volumes.open_file, name, path)  # the fd, never the path again
+    fd, info = await asyncio.to_thread(call.engine.workspace.open_file, name, path)  # the fd, never the path again
 
     def chunks() -> Iterator[bytes]:
         with os.fdopen(fd, "rb") as f:
@@ -73,13 +73,12 @@ async def download(call: Call) -> StreamingResponse:
             query=m.PathQuery, body_kind="binary", response=views.FileEntry, errors=(400, 404, 413))  # fmt: skip
 async def put_file(call: Call) -> views.FileEntry:
     data = await read_limited(call.request, call.engine.settings)
-    entry = await asyncio.to_thread(
-        call.engine.volumes.write, call.path["name"], call.query.path, data, roots=DURABLE_ROOTS
+    return await asyncio.to_thread(
+        call.engine.workspace.write_file, call.path["name"], call.query.path, data, roots=DURABLE_ROOTS
     )
-    return views.FileEntry(**entry)
 
 
 @routes.add("DELETE", "/api/volumes/{name}/raw", "Delete a file, link or empty folder", query=m.PathQuery,
             status=204)  # fmt: skip
 async def delete_file(call: Call) -> None:
-    await asyncio.to_thread(call.engine.volumes.delete, call.path["name"], call.query.path)
+    await asyncio.to_thread(call.engine.workspace.delete_file, call.path["name"], call.query.path)
