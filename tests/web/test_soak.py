@@ -117,7 +117,11 @@ async def _at_rest(model_port: int) -> tuple[float, list[str], int]:
 async def test_two_hundred_runs_exactly_once_and_flat(fake_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("soak run", STEPS))
     app = create_app(token=TOKEN)
-    limits = httpx.Limits(max_connections=CONCURRENCY * 3 + 5, max_keepalive_connections=CONCURRENCY * 3)
+    # Idle connections expire before the server's 5 s keep-alive: a client starved past it by a busy
+    # machine would otherwise send on a connection the server is closing (ReadError).
+    limits = httpx.Limits(
+        max_connections=CONCURRENCY * 3 + 5, max_keepalive_connections=CONCURRENCY * 3, keepalive_expiry=2.0
+    )
     with serving(app) as base:
         measured = []
         for numbers in (range(1, 51), range(51, 201)):
