@@ -18,6 +18,7 @@ from bench.simlm import SimLM
 
 from bench import load
 from bench import workloads as wl
+from tests.support import prereqs
 from tests.support.oracle_lm import OracleLM, Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,6 +197,8 @@ def test_the_parts_cover_every_quick_figure() -> None:
 @pytest.mark.xdist_group("quick-benchmark")  # one part at a time: the parts never measure each other
 @pytest.mark.parametrize("part", QUICK_PARTS)
 def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path, part: str) -> None:
+    if part == "desktop":
+        prereqs.require_desktop()
     done = _bench(tmp_path, "--only", part)
     report = json.loads(done.stdout)
     failed = [v for v in report["bounds"] if not v["ok"]]

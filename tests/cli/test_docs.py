@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import prereqs
 from tests.support.oracle_lm import PRICED, OracleLM, Scenario
 
 BIN = Path(sys.executable).parent
@@ -304,6 +305,7 @@ def _run_ids(env: dict[str, str]) -> list[str]:
 
 @pytest.mark.slow
 def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+    prereqs.require_desktop()  # `desktop --self-test` is walked too
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
     fleet_env.update(PRICED)  # --max-cost needs a known price
     fleet_env["XDG_DATA_HOME"] = str(tmp_path / "xdg")  # where `desktop --install` writes

@@ -12,20 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_shell import deps
+from tests.support.prereqs import require_desktop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-
-
-def require_desktop() -> None:
-    absent = deps.missing()
-    if not absent:
-        return
-    reason = f"the desktop extra is not installed ({', '.join(absent)}): uv sync --extra desktop"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"CI must test the desktop: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture

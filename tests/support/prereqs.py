@@ -60,6 +60,20 @@ def require(what: str, present: bool) -> None:
     pytest.skip(message)
 
 
+def require_desktop() -> None:
+    """Skip a test of the desktop window without the ``desktop`` extra (a Python extra, not a machine
+    piece: `uv sync --extra desktop`); in CI, where .ci/run installs it, fail instead."""
+    from fleet_shell import deps
+
+    absent = deps.missing()
+    if not absent:
+        return
+    reason = f"the desktop extra is not installed ({', '.join(absent)}): uv sync --extra desktop"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI must test the desktop: {reason}")
+    pytest.skip(reason)
+
+
 def node_tool(env_var: str) -> Path:
     path = node_tool_path(env_var)
     require(f"{NODE_TOOLS[env_var]} ({path})", path.exists())
