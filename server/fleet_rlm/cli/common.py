@@ -145,6 +145,15 @@ def settings_for(args: argparse.Namespace) -> Any:
     return load_settings(sandbox=sandbox)
 
 
+def open_workspace(*, secrets: bool = True) -> Any:
+    """The read side alone (no DSPy), so a command that only reads starts instantly. ``secrets=False``
+    leaves the keyring unasked, for commands whose output no configured secret needs masking in."""
+    from fleet_rlm.config import load_settings
+    from fleet_rlm.core.workspace import Workspace
+
+    return Workspace.open(load_settings(secrets=secrets))
+
+
 def since_date(text: str) -> float:
     """An argparse type: a date (2025-01-31) or date and time (2025-01-31T14:00), local time."""
     try:

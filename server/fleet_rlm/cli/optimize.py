@@ -16,19 +16,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
-from fleet_rlm.cli.common import limit_overrides, print_json, settings_for, status_exit
+from fleet_rlm.cli.common import limit_overrides, open_workspace, print_json, settings_for, status_exit
 from fleet_rlm.cli.progress import LiveLine
 from fleet_rlm.errors import UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.optimize.views import DatasetDetail
-
-
-def _workspace() -> Any:
-    from fleet_rlm.config import load_settings
-    from fleet_rlm.core.workspace import Workspace
-
-    return Workspace.open(load_settings())
 
 
 def _dump(model: Any) -> Any:
@@ -60,7 +53,7 @@ def _dataset_import(args: argparse.Namespace) -> int:
             rows = datasets.parse_jsonl(lines, path.resolve().parent)
 
     async def save() -> DatasetDetail:
-        with _workspace() as ws:
+        with open_workspace() as ws:
             if args.feedback:
                 return await datasets.create_from_feedback(ws, args.name, holdout=args.holdout, seed=args.seed)
             return await datasets.create(ws, args.name, rows, source="jsonl", holdout=args.holdout, seed=args.seed)
@@ -78,7 +71,7 @@ def _dataset_import(args: argparse.Namespace) -> int:
 def _dataset_export(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
 
-    with _workspace() as ws:
+    with open_workspace() as ws:
         for line in datasets.export_lines(ws, args.name):
             sys.stdout.write(line)
     return 0
@@ -87,7 +80,7 @@ def _dataset_export(args: argparse.Namespace) -> int:
 def _dataset_ls(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
 
-    with _workspace() as ws:
+    with open_workspace() as ws:
         found = datasets.list_datasets(ws).datasets
     if args.json:
         print_json([_dump(d) for d in found])
@@ -102,7 +95,7 @@ def _dataset_ls(args: argparse.Namespace) -> int:
 def _dataset_show(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import datasets
 
-    with _workspace() as ws:
+    with open_workspace() as ws:
         detail = datasets.detail(ws, args.name)
     if args.json:
         print_json(_dump(detail))
@@ -211,7 +204,7 @@ def _f(value: float | None) -> str:
 def cmd_programs(args: argparse.Namespace) -> int:
     from fleet_rlm.optimize import versions
 
-    with _workspace() as ws:
+    with open_workspace() as ws:
         if args.action == "ls":
             listing = versions.list_versions(ws)
             if args.json:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_rlm.cli.common import limit_overrides, plural, print_json, settings_for, status_exit
+from fleet_rlm.cli.common import limit_overrides, open_workspace, plural, print_json, settings_for, status_exit
 from fleet_rlm.types import tokens_of
 
 
@@ -82,19 +82,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status_exit(result.status)
 
 
-def _workspace(*, secrets: bool = False) -> Any:
-    """The read side only: no DSPy, so these commands start instantly. The keyring is asked only
-    for a file made to be shared (``secrets``): its second net masks the configured secrets."""
-    from fleet_rlm.config import load_settings
-    from fleet_rlm.core.workspace import Workspace
-
-    return Workspace.open(load_settings(secrets=secrets))
-
-
 def cmd_runs(args: argparse.Namespace) -> int:
     from fleet_rlm.core.views import lineage_line, lineage_of, run_summary
 
-    with _workspace() as ws:
+    with open_workspace(secrets=False) as ws:
         rows = ws.runs(limit=args.limit, status=args.status)
     if args.json:
         print_json([run_summary(r).model_dump(mode="json") for r in rows])
@@ -116,14 +107,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_pin(args: argparse.Namespace) -> int:
     from fleet_rlm.core import operations
 
-    with _workspace() as ws:
+    with open_workspace(secrets=False) as ws:
         run = operations.pin_run(ws, args.run_id, pinned=not args.off)
     print(f"run {run.run_id} {'pinned: retention keeps it' if run.pinned else 'unpinned: retention may delete it'}")
     return 0
 
 
 def _load_trace(run_id: str, *, secrets: bool = False) -> tuple[Any, list[dict[str, Any]]]:
-    with _workspace(secrets=secrets) as ws:
+    with open_workspace(secrets=secrets) as ws:
         row = ws.run(run_id)
         return row, ws.events(row.id)
 
@@ -151,7 +142,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         for row in rlms_rows(_load_trace(args.run_id, secrets=True)[1]):
             print(json.dumps(row, ensure_ascii=False))  # one line each: the rlms visualizer reads JSON lines
         return 0
-    with _workspace() as ws:
+    with open_workspace(secrets=False) as ws:
         for event in ws.export(args.run_id):
             print_json(event)
     return 0
