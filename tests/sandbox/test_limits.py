@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import anyio
 import pytest
@@ -56,6 +57,17 @@ async def test_memory_cap_raises_memory_error_and_worker_survives(make_sandbox, 
     assert "256 MB" in r.error
     assert sb.alive
     assert (await sb.execute("len(small)")).value == "1000"
+
+
+async def test_the_worker_reserves_no_address_space_the_data_would_need(make_sandbox):
+    # RLIMIT_AS counts reservations: a second glibc malloc arena reserves 64 MB, half of a 128 MB
+    # cap, and whether user code met it depended on thread timing (a flake under load).
+    sb = make_sandbox(isolation="none", memory_mb=128)
+    r = await sb.execute("x = [bytes(4096) for _ in range(100)]")
+    assert r.error is None, r.error
+    status = Path(f"/proc/{sb.pid}/status").read_text().splitlines()
+    peak_kb = next(int(line.split()[1]) for line in status if line.startswith("VmPeak"))
+    assert peak_kb < 64 * 1024, f"the worker once reserved {peak_kb} kB of address space"
 
 
 @pytest.mark.parametrize("mode", MODES)

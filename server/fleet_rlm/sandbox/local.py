@@ -244,8 +244,10 @@ class LocalSandbox:
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
-            # RLIMIT_AS counts reserved address space; glibc's per-thread 64 MB malloc arenas would eat it.
-            "MALLOC_ARENA_MAX": "2",
+            # RLIMIT_AS counts reserved address space, and each extra glibc malloc arena reserves 64 MB. A
+            # second arena appears only when threads contend for malloc, so on a busy machine a 128 MB
+            # sandbox hit MemoryError at 60 MB of data: one arena keeps the cap the same under any load.
+            "MALLOC_ARENA_MAX": "1",
             **self.env,
         }
         if self.isolation == "none":
