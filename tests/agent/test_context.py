@@ -21,8 +21,9 @@ import pytest
 from fleet_rlm.agent import AgentHost
 from fleet_rlm.agent.fetch import FetchRefused, check_url, fetch_text
 from fleet_rlm.agent.repo import add_repo
-from fleet_rlm.config import load_settings
+from fleet_rlm.config import Settings, load_settings
 from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.volume_operations import VolumeOperations
 from fleet_rlm.volumes import LocalVolumes
 from tests.support.agent_lm import AgentLM, Call, Policy, Say
 
@@ -195,17 +196,20 @@ def repo_site(tmp_path: Path) -> Iterator[tuple[int, Path]]:
         yield port, secret
 
 
+def volume_operations(settings: Settings) -> VolumeOperations:
+    return VolumeOperations(lambda: LocalVolumes.from_settings(settings))
+
+
 async def test_repo_is_cloned_without_links_or_submodules(
     agent_env: dict[str, str], repo_site: tuple[int, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, secret = repo_site
     url = f"http://127.0.0.1:{port}/tracker.git"
     with pytest.raises(FetchRefused):  # loopback, unless allowed
-        await add_repo(url, None, load_settings(), LocalVolumes.from_settings(load_settings()), "ws", "buffers/t")
+        await add_repo(url, None, load_settings(), volume_operations(load_settings()), "ws", "buffers/t")
     monkeypatch.setenv("FLEET_AGENT_ALLOWED_HOSTS", "127.0.0.0/8")
     settings = load_settings()
-    volumes = LocalVolumes.from_settings(settings)
-    copied = await add_repo(url, "main", settings, volumes, "ws", "buffers/tracker")
+    copied = await add_repo(url, "main", settings, volume_operations(settings), "ws", "buffers/tracker")
     root = settings.volumes_root / "ws" / "buffers" / "tracker"
     assert (root / "src" / "main.py").read_text() == "print('kestrel')\n" and copied.files >= 3
     files = [p for p in root.rglob("*") if p.is_file() or p.is_symlink()]
@@ -237,7 +241,7 @@ async def test_repo_past_the_size_limit_is_refused(
             f"http://127.0.0.1:{port}/big.git",
             None,
             settings,
-            LocalVolumes.from_settings(settings),
+            volume_operations(settings),
             "ws",
             "buffers/big",
         )

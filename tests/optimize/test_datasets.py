@@ -11,7 +11,7 @@ import pytest
 from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.errors import Conflict, UserError
 from fleet_rlm.optimize import datasets
-from fleet_rlm.store import RunRecord, Store
+from fleet_rlm.store import ProgramVersion, RunRecord, Store
 
 
 @pytest.fixture
@@ -121,10 +121,10 @@ def test_secrets_in_rows_and_versions_are_masked_in_the_store(store: Store, ws: 
         stored = store.optimize.dataset_rows(made.id)[0]
         assert key not in json.dumps(asdict(stored)) and "***" in stored.question
         demo = {"observation": f"context preview {key}", "reasoning": "r", "code": "SUBMIT(1)"}
-        store.optimize.add_program_version({"id": "v1", "base_id": None, "optimization_id": None,
-                                            "dataset_id": made.id, "optimizer": "bootstrap", "metric": "exact",
-                                            "scores": {}, "state": {"act": {"demos": [demo]}}, "changes": {},
-                                            "created_at": 0.0})  # fmt: skip
+        store.optimize.add_program_version(ProgramVersion(
+            id="v1", base_id=None, optimization_id=None, dataset_id=made.id, optimizer="bootstrap", metric="exact",
+            scores={}, state={"act": {"demos": [demo]}}, changes={}, created_at=0.0,
+        ))  # fmt: skip
         version = store.optimize.get_program_version("v1")
         assert version is not None and key not in json.dumps(asdict(version))
 

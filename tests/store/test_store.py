@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from fleet_rlm.redaction import remember_secrets
-from fleet_rlm.store import SCHEMA_VERSION, RunRecord, Store, StoreError
+from fleet_rlm.store import (
+    SCHEMA_VERSION,
+    Approval,
+    DatasetRow,
+    Optimization,
+    ProgramVersion,
+    RunRecord,
+    Store,
+    StoreError,
+)
 from fleet_rlm.store.db import MIGRATIONS
 from fleet_rlm.store.owners import owner_alive, process_start
 from fleet_rlm.types import Event
@@ -470,16 +479,18 @@ def test_optimization_rows_are_frozen_dataclasses_with_json_decoded(store: Store
     opt = store.optimize
     store.runs.create(_run("r1", status="succeeded", answer="42", request={"context_paths": ["/d"]}))
     store.uploads.add_feedback("r1", True, None, "good")
-    rows = [{"idx": 0, "split": "train", "question": "q0", "context_paths": ["/d"], "answer": "a0", "verdict": 1},
-            {"idx": 1, "split": "holdout", "question": "q1", "answer": "a1"}]  # fmt: skip
+    rows = [DatasetRow(0, "train", "q0", None, ["/d"], "a0", True, None, None),
+            DatasetRow(1, "holdout", "q1", None, None, "a1", None, None, None)]  # fmt: skip
     opt.create_dataset("d1", "ten", "jsonl", 0.5, 7, rows)
-    opt.add_program_version({"id": "v1", "base_id": None, "optimization_id": "o1", "dataset_id": "d1",
-                             "optimizer": "bootstrap", "metric": "exact", "scores": {"train_after": 1.0},
-                             "state": {"act": {"demos": []}}, "changes": {}, "created_at": 1.0})  # fmt: skip
+    opt.add_program_version(ProgramVersion(
+        id="v1", base_id=None, optimization_id="o1", dataset_id="d1", optimizer="bootstrap", metric="exact",
+        scores={"train_after": 1.0}, state={"act": {"demos": []}}, changes={}, created_at=1.0,
+    ))  # fmt: skip
     opt.activate_program("v1", "promote", "better")
-    opt.create_optimization({"id": "o1", "lineage": "o1", "dataset_id": "d1", "optimizer": "bootstrap",
-                             "metric": "exact", "base_version": None, "params": {"trials": 2}, "version_id": None,
-                             "scores": {}, "created_at": 2.0})  # fmt: skip
+    opt.create_optimization(Optimization(
+        id="o1", lineage="o1", dataset_id="d1", optimizer="bootstrap", metric="exact", base_version=None,
+        params={"trials": 2}, version_id=None, scores={}, created_at=2.0,
+    ))  # fmt: skip
     opt.update_optimization("o1", version_id="v1", scores={"train_after": 1.0})
     opt.cache_eval("o1", "p", "e", run_id="r1", answer="42", steps=[{"code": "x"}], llm_calls=3, cost=None)
 
@@ -511,11 +522,12 @@ def test_agent_rows_are_frozen_dataclasses_with_json_decoded(store: Store) -> No
     made = agent.create_conversation("c1", "birds", "chat-c1", "workspace")
     agent.create_turn("t1", "c1", owner)
     said = agent.add_message("c1", "t1", "user", "text", {"role": "user"}, text="hi", arguments={"k": 1})
-    pending = {"conversation_id": "c1", "turn_id": "t1", "tool": "write_memory", "arguments": {"path": "a"},
-               "summary": "write a", "status": "pending", "decided_by": None, "created_at": 1.0,
-               "decided_at": None}  # fmt: skip
-    recorded = agent.record_approvals("t1", [{**pending, "id": "a1", "call_id": "k1", "expires_at": time.time() + 60},
-                                             {**pending, "id": "a2", "call_id": "k2", "expires_at": 0.0}])  # fmt: skip
+    pending = Approval(id="a1", conversation_id="c1", turn_id="t1", call_id="k1", tool="write_memory",
+                       arguments={"path": "a"}, summary="write a", blocked=None, status="pending", decided_by=None,
+                       reason=None, always=False, created_at=1.0, expires_at=time.time() + 60, decided_at=None,
+                       executed_at=None)  # fmt: skip
+    recorded = agent.record_approvals("t1", [pending, dataclasses.replace(pending, id="a2", call_id="k2",
+                                                                          expires_at=0.0)])  # fmt: skip
     store.uploads.add("u1", "notes.txt", 5)
     agent.attach("c1", ["u1"])
     agent.link_run("c1", "r-gone", "t1")

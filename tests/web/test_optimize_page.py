@@ -103,15 +103,15 @@ def test_import_optimize_compare_promote_rollback(server: tuple[WebServer, Oracl
 def _failing_version(home: Path) -> str:
     """A version that scored 1.000 before and 0.000 after (as a bad optimization leaves one)."""
     from fleet_rlm.optimize.versions import builtin_state
-    from fleet_rlm.store import Store
+    from fleet_rlm.store import ProgramVersion, Store
 
     scores = {"train_before": 1.0, "train_after": 0.0, "holdout_before": 1.0, "holdout_after": 0.0, "n_train": 4,
               "n_holdout": 1}  # fmt: skip
     with Store(home / "fleet.db") as store:
-        store.optimize.add_program_version({"id": "vfailing", "base_id": None, "optimization_id": None,
-                                            "dataset_id": None, "optimizer": "gepa", "metric": "exact",
-                                            "scores": scores, "state": builtin_state(), "changes": {},
-                                            "created_at": time.time()})  # fmt: skip
+        store.optimize.add_program_version(ProgramVersion(
+            id="vfailing", base_id=None, optimization_id=None, dataset_id=None, optimizer="gepa", metric="exact",
+            scores=scores, state=builtin_state(), changes={}, created_at=time.time(),
+        ))  # fmt: skip
     return "vfailing"
 
 

@@ -155,12 +155,12 @@ def _memory_summary(shown: _Shown, args: dict[str, Any], engine: Engine, vol: st
     rel = shown.exact("the path", memory_target(str(args.get("path") or "")))
     where = f"vol:{vol}/{rel}"
     try:
-        entry = engine.volumes.stat(volume_name(engine, vol, None), rel)
+        entry = engine.workspace.file_entry(volume_name(engine, vol, None), rel)
     except NotFound:
         return f"write {size} to new file {where}: {preview}"
     except FleetError as exc:  # the tool will be refused the same way
         return f"write {size} to {where}, which will fail ({exc.message}): {preview}"
-    now = f"{entry['size']} bytes now" if entry["type"] == "file" else f"a {entry['type']} now"
+    now = f"{entry.size} bytes now" if entry.type == "file" else f"a {entry.type} now"
     if args.get("append"):
         return f"append {size} to {where} ({now}): {preview}"
     return f"overwrite {where} ({now}) with {size}: {preview}"

@@ -30,11 +30,12 @@ from fleet_rlm.agent.tools import TurnContext
 from fleet_rlm.agent.turn import history, run_segment
 from fleet_rlm.errors import Conflict, FleetError, NotFound, UserError
 from fleet_rlm.redaction import redact_text
+from fleet_rlm.store import Approval
 from fleet_rlm.store.owners import owner_alive, process_start
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.store import Approval, AuditEntry, Conversation, Turn
+    from fleet_rlm.store import AuditEntry, Conversation, Turn
 
 log = logging.getLogger(__name__)
 EXPIRED_RESULT = "Not done: nobody approved this call before its approval expired."
@@ -148,13 +149,17 @@ class AgentHost:
 
         return [_approval_view(a) for a in self.store.agent.expire_approvals(result)]
 
+    def _tidy(self) -> None:
+        self.expire()
+        self.store.agent.interrupt_turns(self._gone)
+
     # -- conversations ------------------------------------------------------------------------------
 
     async def create_conversation(self, title: str | None = None, volume: str | None = None) -> views.Conversation:
         from fleet_rlm.core.engine import new_id
 
         volume = volume or self.settings.agent_volume
-        self.engine.volumes.check_name(volume)
+        self.engine.workspace.check_volume_name(volume)
         conversation_id = new_id("c")
         title = conversation_title(title or "") or "New conversation"
         await self.store.write(
@@ -180,8 +185,7 @@ class AgentHost:
         )
 
     def conversation(self, conversation_id: str) -> views.Conversation:
-        self.expire()
-        self.store.agent.interrupt_turns(self._gone)
+        self._tidy()
         row = self._row(conversation_id)
         active = self.store.agent.active_turn(conversation_id)
         store = self.store
@@ -240,8 +244,7 @@ class AgentHost:
 
         if not text.strip():
             raise UserError("the message is empty: say what you want")
-        self.expire()
-        self.store.agent.interrupt_turns(self._gone)
+        await asyncio.to_thread(self._tidy)  # store writes: they wait for the writer, off the event loop
         conv = self._row(conversation_id)
         if upload_ids:
             await self.attach(conversation_id, upload_ids)
@@ -266,7 +269,7 @@ class AgentHost:
         self, approval_id: str, approve: bool, *, reason: str | None = None, always: bool = False, actor: str
     ) -> tuple[views.Approval, Feed | None]:
         """Decide an approval; when it was the turn's last pending one, the turn resumes (follow the feed)."""
-        self.expire()
+        await asyncio.to_thread(self.expire)
         known = self.store.agent.get_approval(approval_id)
         if known is None:
             raise NotFound(f"no approval '{approval_id}': answer one of the conversation's pending approvals")
@@ -361,30 +364,33 @@ class AgentHost:
         person must decide; returns what waits for a person."""
         conv = self._row(tc.conversation.id)
         now = time.time()
-        rows = []
+        rows: list[Approval] = []
         for request in requests:
             call = request.function_call
             args = call.parse_arguments() or {} if call is not None else {}
             tool = str(call.name) if call is not None else "unknown"
-            card = approval_card(tool, args, self.engine, conv.volume)
+            # The card looks at the file a note would replace: volume I/O, off the event loop.
+            card = await asyncio.to_thread(approval_card, tool, args, self.engine, conv.volume)
             actor = policy_decision(tool, args, conv.grants or [], card, self.engine)
             rows.append(
-                {
-                    "id": request.id,
-                    "conversation_id": conv.id,
-                    "turn_id": tc.turn_id,
-                    "call_id": str(call.call_id) if call is not None else "",
-                    "tool": tool,
-                    "arguments": args,
-                    "summary": card.summary,
-                    "blocked": card.blocked,
-                    "status": "approved" if actor else "pending",
-                    "decided_by": actor,
-                    "always": False,
-                    "created_at": now,
-                    "expires_at": now + self.settings.agent_approval_ttl_seconds,
-                    "decided_at": now if actor else None,
-                }
+                Approval(
+                    id=str(request.id),
+                    conversation_id=conv.id,
+                    turn_id=tc.turn_id,
+                    call_id=str(call.call_id) if call is not None else "",
+                    tool=tool,
+                    arguments=args,
+                    summary=card.summary,
+                    blocked=card.blocked,
+                    status="approved" if actor else "pending",
+                    decided_by=actor,
+                    reason=None,
+                    always=False,
+                    created_at=now,
+                    expires_at=now + self.settings.agent_approval_ttl_seconds,
+                    decided_at=now if actor else None,
+                    executed_at=None,
+                )
             )
         recorded = [
             _approval_view(r) for r in await self.store.write(self.store.agent.record_approvals, tc.turn_id, rows)

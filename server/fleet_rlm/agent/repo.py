@@ -27,7 +27,7 @@ from fleet_rlm.errors import Unavailable, UserError
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
-    from fleet_rlm.volumes import Volumes
+    from fleet_rlm.core.volume_operations import VolumeOperations
 
 REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 CLONE_SECONDS = 300.0
@@ -136,7 +136,7 @@ async def clone(url: str, ref: str | None, settings: Settings, into: Path) -> Pa
     return work
 
 
-def copy_tree(work: Path, volumes: Volumes, volume: str, dest: str, max_bytes: int) -> Copied:
+def copy_tree(work: Path, volumes: VolumeOperations, volume: str, dest: str, max_bytes: int) -> Copied:
     """Copy the regular files of a work tree (not ``.git``) to ``dest`` in the volume, links never followed."""
     copied = Copied()
     for root, dirs, files in os.walk(work, followlinks=False):
@@ -157,13 +157,15 @@ def copy_tree(work: Path, volumes: Volumes, volume: str, dest: str, max_bytes: i
             if copied.bytes + len(data) > max_bytes or copied.files >= MAX_FILES:
                 copied.skipped.append(rel)
                 continue
-            volumes.write(volume, f"{dest}/{rel}", data, roots=("buffers",))
+            volumes.write_file(volume, f"{dest}/{rel}", data, roots=("buffers",))
             copied.files += 1
             copied.bytes += len(data)
     return copied
 
 
-async def add_repo(url: str, ref: str | None, settings: Settings, volumes: Volumes, volume: str, dest: str) -> Copied:
+async def add_repo(
+    url: str, ref: str | None, settings: Settings, volumes: VolumeOperations, volume: str, dest: str
+) -> Copied:
     """Clone into a private scratch folder, copy into the volume, remove the scratch folder."""
     settings.make_home()
     scratch = Path(tempfile.mkdtemp(prefix="agent-clone-", dir=settings.work_root))

@@ -8,7 +8,7 @@ as the tool's result, so it can say what went wrong.
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import functools
 import json
 import re
@@ -21,7 +21,7 @@ from agent_framework import FunctionTool, tool
 from pydantic import Field
 
 from fleet_rlm.core import operations
-from fleet_rlm.errors import FleetError, UserError
+from fleet_rlm.errors import FleetError, NotFound, TooLarge, UserError
 from fleet_rlm.limits import MAX_COST
 from fleet_rlm.volumes import parse_volume_ref
 
@@ -57,7 +57,7 @@ class TurnContext:
 def volume_name(engine: Engine, default: str, given: str | None) -> str:
     """The volume a call writes to: the one it names, else the conversation's (checked)."""
     name = given or default
-    engine.volumes.check_name(name)
+    engine.workspace.check_volume_name(name)
     return name
 
 
@@ -229,13 +229,18 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         name = tc.volume(volume)
         rel = memory_target(path)
         data = text.encode()
+        too_long = UserError(f"a memory note is limited to {MEMORY_MAX_BYTES // 1024} KB: write a shorter one")
         if append:
-            with contextlib.suppress(FleetError):  # a new file: nothing to append to
-                data = engine.volumes.read(name, rel, 0, MEMORY_MAX_BYTES) + data
+            try:
+                data = await asyncio.to_thread(engine.workspace.file_bytes, name, rel, MEMORY_MAX_BYTES) + data
+            except NotFound:  # a new file: nothing to append to
+                pass
+            except TooLarge:
+                raise too_long from None
         if len(data) > MEMORY_MAX_BYTES:
-            raise UserError(f"a memory note is limited to {MEMORY_MAX_BYTES // 1024} KB: write a shorter one")
-        entry = engine.volumes.write(name, rel, data, roots=("memory",))
-        return f"wrote {entry['size']} bytes to vol:{name}/{rel}"
+            raise too_long
+        entry = await asyncio.to_thread(engine.workspace.write_file, name, rel, data, roots=("memory",))
+        return f"wrote {entry.size} bytes to vol:{name}/{rel}"
 
     @tool(
         name="add_context_from_url",
@@ -254,8 +259,8 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         vol = tc.volume(volume)
         text, final = await fetch_text(url, engine.settings)
         file = buffer_name(name or final, ".txt")
-        entry = engine.volumes.write(vol, f"buffers/{file}", text, roots=("buffers",))
-        return f"saved {entry['size']} bytes of text from {final} as vol:{vol}/buffers/{file}"
+        entry = await asyncio.to_thread(engine.workspace.write_file, vol, f"buffers/{file}", text, roots=("buffers",))
+        return f"saved {entry.size} bytes of text from {final} as vol:{vol}/buffers/{file}"
 
     @tool(
         name="add_context_from_repo",
@@ -274,7 +279,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
 
         vol = tc.volume(volume)
         folder = repo_folder(url, name)
-        copied = await add_repo(url, ref, engine.settings, engine.volumes, vol, f"buffers/{folder}")
+        copied = await add_repo(url, ref, engine.settings, engine.workspace, vol, f"buffers/{folder}")
         skipped = f"; skipped {len(copied.skipped)} (links, special files or past the limit)" if copied.skipped else ""
         return f"copied {copied.files} files ({copied.bytes} bytes) to vol:{vol}/buffers/{folder}/{skipped}"
 

@@ -9,6 +9,7 @@ deleting its last run deletes it (``housekeeping``); one no run ever took goes a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -104,10 +105,11 @@ def remove_upload_files(settings: Settings, upload_ids: list[str]) -> None:
 
 
 async def start_run(engine: Engine, req: RunRequest, upload_ids: list[str]) -> str:
-    """Start a run that also reads these uploads, and record that it uses them."""
+    """Start a run of ``req`` that also reads these uploads (the request is left as given), and record
+    that it uses them."""
     store = engine.workspace.store
-    req.context_paths = [*req.context_paths, *upload_paths(store, engine.settings, upload_ids)]
-    run_id = await engine.start_run(req)
+    paths = [*req.context_paths, *upload_paths(store, engine.settings, upload_ids)]
+    run_id = await engine.start_run(dataclasses.replace(req, context_paths=paths))
     if upload_ids:
         await store.write(store.uploads.attach, run_id, list(dict.fromkeys(upload_ids)))
     return run_id

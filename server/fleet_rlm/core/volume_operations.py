@@ -24,6 +24,10 @@ class VolumeOperations:
         # Made on first use: a sandbox setting no store serves fails the volume calls, not the others.
         self._volumes = volumes
 
+    def check_volume_name(self, name: str) -> None:
+        """UserError unless ``name`` is a valid volume name for this store (nothing is read)."""
+        self._volumes().check_name(name)
+
     def volume_list(self) -> views.VolumeList:
         return views.VolumeList(volumes=[views.VolumeInfo(**v) for v in self._volumes().list_volumes()])
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict, NotFound, UserError
 from fleet_rlm.optimize.views import DatasetDetail, DatasetInfo, DatasetList
+from fleet_rlm.store import DatasetRow
 
 if TYPE_CHECKING:
     from fleet_rlm.core.workspace import Workspace
@@ -46,18 +47,33 @@ def example_key(question: str, context_text: str | None, context_paths: list[str
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def split_rows(rows: list[dict[str, Any]], holdout: float, seed: int) -> list[dict[str, Any]]:
+def split_rows(rows: list[dict[str, Any]], holdout: float, seed: int) -> list[DatasetRow]:
     """Number the rows and mark a seeded-random ``holdout`` fraction of them (at least one row when
     there are two or more and the fraction is above 0; never all of them). Rows that all say their
     split (an exported dataset imported again) keep it."""
     if not 0 <= holdout < 1:
         raise UserError(f"holdout must be at least 0 and below 1, not {holdout}")
     if rows and all(r.get("split") in ("train", "holdout") for r in rows):
-        return [{**row, "idx": i} for i, row in enumerate(rows)]
+        return [_dataset_row(i, row["split"], row) for i, row in enumerate(rows)]
     n = len(rows)
     count = min(n - 1, max(1, round(n * holdout))) if holdout > 0 and n >= 2 else 0
     held = set(random.Random(seed).sample(range(n), count))
-    return [{**row, "idx": i, "split": "holdout" if i in held else "train"} for i, row in enumerate(rows)]
+    return [_dataset_row(i, "holdout" if i in held else "train", row) for i, row in enumerate(rows)]
+
+
+def _dataset_row(idx: int, split: str, row: dict[str, Any]) -> DatasetRow:
+    verdict = row.get("verdict")
+    return DatasetRow(
+        idx=idx,
+        split=split,
+        question=row["question"],
+        context_text=row.get("context_text"),
+        context_paths=row.get("context_paths") or [],
+        answer=row["answer"],
+        verdict=None if verdict is None else bool(verdict),
+        comment=row.get("comment"),
+        run_id=row.get("run_id"),
+    )
 
 
 def parse_jsonl(lines: Iterable[str], base: Path | None = None) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from fleet_rlm.errors import Conflict, FleetError, UserError
 from fleet_rlm.optimize import datasets, versions
 from fleet_rlm.optimize.metrics import get_metric
 from fleet_rlm.optimize.views import BUILTIN, Estimate, OptimizationList, OptimizationState, Scores
-from fleet_rlm.store import Dataset, DatasetRow, RunRecord
+from fleet_rlm.store import Dataset, DatasetRow, Optimization, ProgramVersion, RunRecord
 from fleet_rlm.types import (
     ACTIVE_STATUSES,
     OPTIMIZE_FINISHED,
@@ -153,11 +153,10 @@ async def start(engine: Engine, req: OptimizeRequest) -> tuple[str, Estimate]:
         status="running", request=params, created_at=time.time(), started_at=time.time(), owner_pid=os.getpid(),
         owner_host=socket.gethostname(), program_version=base,
     ))  # fmt: skip
-    await store.write(store.optimize.create_optimization, {
-        "id": opt_id, "lineage": lineage, "dataset_id": dataset.id, "optimizer": req.optimizer,
-        "metric": req.metric, "base_version": base, "params": params, "version_id": None, "scores": {},
-        "created_at": time.time(),
-    })  # fmt: skip
+    await store.write(store.optimize.create_optimization, Optimization(
+        id=opt_id, lineage=lineage, dataset_id=dataset.id, optimizer=req.optimizer, metric=req.metric,
+        base_version=base, params=params, version_id=None, scores={}, created_at=time.time(),
+    ))  # fmt: skip
     assert engine.bus is not None
     engine.bus.publish(opt_id, RUN_STARTED, {"question": f"optimize {dataset.name} with {req.optimizer}",
                                              "limits": req.limits, "session_id": None})  # fmt: skip
@@ -384,11 +383,11 @@ async def _save(
     state = versions.program_state(program)
     version_id = versions.new_version_id()
     store = workspace.store
-    await store.write(store.optimize.add_program_version, {
-        "id": version_id, "base_id": base, "optimization_id": opt_id, "dataset_id": dataset.id,
-        "optimizer": req.optimizer, "metric": req.metric, "scores": scores.model_dump(), "state": state,
-        "changes": versions.changes(versions.state_of(workspace, base), state), "created_at": time.time(),
-    })  # fmt: skip
+    await store.write(store.optimize.add_program_version, ProgramVersion(
+        id=version_id, base_id=base, optimization_id=opt_id, dataset_id=dataset.id, optimizer=req.optimizer,
+        metric=req.metric, scores=scores.model_dump(), state=state,
+        changes=versions.changes(versions.state_of(workspace, base), state), created_at=time.time(),
+    ))  # fmt: skip
     return version_id
 
 

@@ -22,57 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.errors import Conflict
 from fleet_rlm.redaction import redact, redact_known
-from fleet_rlm.store.rows import Database, dumps, record
+from fleet_rlm.store.rows import Database, dumps, record, row_values, table_columns
 
 if TYPE_CHECKING:
     from fleet_rlm.store.writer import Tx
 
 ACTIVE_TURNS = ("running", "paused")
-_CONV = ("id", "title", "session_id", "volume", "grants_json", "mcp_servers_json", "created_at", "updated_at")
-_TURN = (
-    "id",
-    "conversation_id",
-    "status",
-    "error",
-    "owner_pid",
-    "owner_host",
-    "owner_start",
-    "created_at",
-    "finished_at",
-)
-_MSG = (
-    "id",
-    "conversation_id",
-    "turn_id",
-    "role",
-    "kind",
-    "text",
-    "call_id",
-    "tool",
-    "arguments_json",
-    "af_json",
-    "created_at",
-)
-_APPROVAL = (
-    "id",
-    "conversation_id",
-    "turn_id",
-    "call_id",
-    "tool",
-    "arguments_json",
-    "summary",
-    "blocked",
-    "status",
-    "decided_by",
-    "reason",
-    "always",
-    "created_at",
-    "expires_at",
-    "decided_at",
-    "executed_at",
-)
-_AUDIT = ("id", "conversation_id", "approval_id", "action", "tool", "summary", "actor", "reason", "created_at")
-_CHECKPOINT = ("id", "workflow_name", "created_at", "data_json")
 
 
 @dataclass(frozen=True)
@@ -187,6 +142,14 @@ class Checkpoint:
     workflow_name: str
     created_at: float
     data: dict[str, Any]
+
+
+_CONV = table_columns(Conversation, json=("grants", "mcp_servers"), computed=("pending",))
+_TURN = table_columns(Turn)
+_MSG = table_columns(ChatMessage, json=("arguments", "af"))
+_APPROVAL = table_columns(Approval, json=("arguments",))
+_AUDIT = table_columns(AuditEntry)
+_CHECKPOINT = table_columns(Checkpoint, json=("data",))
 
 
 class DecisionRefused(Conflict):
@@ -364,30 +327,26 @@ class AgentTables:
 
     # -- approvals and the audit log ----------------------------------------------------------------
 
-    def record_approvals(self, turn_id: str, approvals: list[dict[str, Any]]) -> list[Approval]:
+    def record_approvals(self, turn_id: str, approvals: list[Approval]) -> list[Approval]:
         """Record the approvals of a turn's paused calls (pending, or approved at once by a policy) with
         their audit entries, and mark the turn paused if any waits for a person, in one transaction: an
-        answer can never come before the turn is resumable."""
-        records = []
-        for approval in approvals:
-            rec = {
-                **{c.removesuffix("_json"): None for c in _APPROVAL},  # a column the caller leaves out is NULL
-                **approval,
-                "summary": redact_known(approval["summary"]),
-                "arguments": redact_known(approval["arguments"]),
-                "reason": redact(approval.get("reason")),
-                "always": bool(approval.get("always")),
-                "executed_at": None,
-            }
-            records.append(Approval(**rec))
+        answer can never come before the turn is resumable. Returns them as stored (masked, not executed)."""
+        records = [
+            replace(
+                a,
+                summary=redact_known(a.summary),
+                arguments=redact_known(a.arguments),
+                reason=redact(a.reason),
+                executed_at=None,
+            )
+            for a in approvals
+        ]
 
         def insert(tx: Tx) -> list[Approval]:
             for rec in records:
-                values = [dumps(getattr(rec, c[:-5])) if c.endswith("_json") else getattr(rec, c) for c in _APPROVAL]
-                values[_APPROVAL.index("always")] = int(rec.always)
                 tx.conn.execute(
                     f"INSERT INTO agent_approvals ({', '.join(_APPROVAL)}) VALUES ({', '.join('?' * len(_APPROVAL))})",
-                    values,
+                    row_values(rec, _APPROVAL),  # sqlite stores the bool `always` as 0 or 1
                 )
                 _audit(tx, rec, "requested", "agent", None, rec.created_at)
                 if rec.status == "approved":

@@ -11,22 +11,15 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.redaction import redact
-from fleet_rlm.store.rows import Database, dumps, record
+from fleet_rlm.store.rows import Database, dumps, record, row_values, table_columns
 
 if TYPE_CHECKING:
     from fleet_rlm.store.writer import Tx
 
-_DATASET_COLUMNS = ("id", "name", "source", "holdout_fraction", "seed", "created_at")
-_ROW_COLUMNS = ("idx", "split", "question", "context_text", "context_paths_json", "answer", "verdict", "comment",
-                "run_id")  # fmt: skip
-_VERSION_COLUMNS = ("id", "base_id", "optimization_id", "dataset_id", "optimizer", "metric", "scores_json",
-                    "state_json", "changes_json", "created_at")  # fmt: skip
-_OPT_COLUMNS = ("id", "lineage", "dataset_id", "optimizer", "metric", "base_version", "params_json", "version_id",
-                "scores_json", "created_at")  # fmt: skip
 _OPT_UPDATABLE = frozenset({"version_id", "scores_json"})
 
 
@@ -118,6 +111,11 @@ class Optimization:
     created_at: float
 
 
+_DATASET_COLUMNS = table_columns(Dataset, computed=("train", "holdout"))
+_ROW_COLUMNS = table_columns(DatasetRow, json=("context_paths",))
+_VERSION_COLUMNS = table_columns(ProgramVersion, json=("scores", "changes", "state"))
+_OPT_COLUMNS = table_columns(Optimization, json=("params", "scores"))
+
 @dataclass(frozen=True)
 class CachedEval:
     """What replaying one example with one program gave (the evaluation cache)."""
@@ -138,16 +136,15 @@ class OptimizeTables:
     # -- datasets -------------------------------------------------------------------------------
 
     def create_dataset(
-        self, dataset_id: str, name: str, source: str, holdout_fraction: float, seed: int, rows: list[dict[str, Any]]
+        self, dataset_id: str, name: str, source: str, holdout_fraction: float, seed: int, rows: list[DatasetRow]
     ) -> None:
-        """Insert a dataset with its rows (each: the ``_ROW_COLUMNS`` without ``_json``, ``context_paths``
-        a list). ValueError when the name is taken."""
-        values = [
-            (dataset_id, r["idx"], r["split"], redact(r["question"]), redact(r.get("context_text")),
-             dumps(r.get("context_paths") or []), redact(r["answer"]),
-             None if r.get("verdict") is None else int(bool(r["verdict"])), redact(r.get("comment")), r.get("run_id"))
+        """Insert a dataset with its rows. ValueError when the name is taken."""
+        masked = (
+            replace(r, question=redact(r.question), context_text=redact(r.context_text), context_paths=r.context_paths
+                    or [], answer=redact(r.answer), comment=redact(r.comment))
             for r in rows
-        ]  # fmt: skip
+        )  # fmt: skip
+        values = [(dataset_id, *row_values(r, _ROW_COLUMNS)) for r in masked]
 
         def insert(tx: Tx) -> None:
             try:
@@ -212,10 +209,12 @@ class OptimizeTables:
 
     # -- program versions -----------------------------------------------------------------------
 
-    def add_program_version(self, version: dict[str, Any]) -> None:
-        """Insert a version: ``_VERSION_COLUMNS``, the ``*_json`` ones under their bare names. Its demos
-        quote replayed runs: masked like everything else, so no secret reaches a later prompt either."""
-        values = [dumps(redact(version[c[:-5]])) if c.endswith("_json") else version.get(c) for c in _VERSION_COLUMNS]
+    def add_program_version(self, version: ProgramVersion) -> None:
+        """Insert a version. Its demos quote replayed runs: masked like everything else, so no secret
+        reaches a later prompt either."""
+        masked = replace(version, scores=redact(version.scores), state=redact(version.state),
+                         changes=redact(version.changes))  # fmt: skip
+        values = row_values(masked, _VERSION_COLUMNS)
 
         def insert(tx: Tx) -> None:
             tx.conn.execute(
@@ -257,8 +256,8 @@ class OptimizeTables:
 
     # -- optimizations --------------------------------------------------------------------------
 
-    def create_optimization(self, opt: dict[str, Any]) -> None:
-        values = [dumps(opt[c[:-5]]) if c.endswith("_json") else opt.get(c) for c in _OPT_COLUMNS]
+    def create_optimization(self, opt: Optimization) -> None:
+        values = row_values(opt, _OPT_COLUMNS)
 
         def insert(tx: Tx) -> None:
             tx.conn.execute(f"INSERT INTO optimizations ({', '.join(_OPT_COLUMNS)}) VALUES ({', '.join('?' * 10)})",

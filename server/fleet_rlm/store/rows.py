@@ -8,6 +8,7 @@ Shared by every repository module (``runs.py``, ``sessions.py``, ``uploads.py``,
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -38,3 +39,14 @@ def record(columns: tuple[str, ...], row: tuple[Any, ...]) -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def table_columns(row_type: Any, *, json: tuple[str, ...] = (), computed: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A table's columns, from the dataclass of its rows in field order: a field named in ``json`` is
+    stored as ``NAME_json`` (JSON text); ``computed`` fields are worked out by a query, not stored."""
+    return tuple(f"{f.name}_json" if f.name in json else f.name for f in fields(row_type) if f.name not in computed)
+
+
+def row_values(row: Any, columns: tuple[str, ...]) -> list[Any]:
+    """A dataclass row's values for ``columns``, the ``*_json`` ones encoded (``dumps``)."""
+    return [dumps(getattr(row, c[:-5])) if c.endswith("_json") else getattr(row, c) for c in columns]

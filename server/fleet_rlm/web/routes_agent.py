@@ -9,6 +9,7 @@ turn still waits for resumes nothing: the JSON says so, the stream sends one ``a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -94,7 +95,7 @@ async def _one(event: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
     response=v.ConversationList,
 )
 async def list_conversations(call: Call) -> v.ConversationList:
-    return _host(call).list_conversations(limit=call.query.limit, offset=call.query.offset)
+    return await asyncio.to_thread(_host(call).list_conversations, limit=call.query.limit, offset=call.query.offset)
 
 
 @routes.add(
@@ -116,7 +117,7 @@ async def create_conversation(call: Call) -> v.Conversation:
     response=v.Conversation,
 )
 async def get_conversation(call: Call) -> v.Conversation:
-    return _host(call).conversation(call.path["conversation_id"])
+    return await asyncio.to_thread(_host(call).conversation, call.path["conversation_id"])
 
 
 @routes.add(
@@ -138,7 +139,7 @@ async def send(call: Call) -> object:
 )
 async def list_approvals(call: Call) -> ApprovalList:
     host, q = _host(call), call.query
-    host.expire()
+    await asyncio.to_thread(host.expire)
     return ApprovalList(approvals=host.approvals(status=q.status, conversation_id=q.conversation_id))
 
 
@@ -169,4 +170,4 @@ async def _prepend(first: dict[str, Any], feed: Feed) -> AsyncIterator[dict[str,
 
 @routes.add("GET", "/api/audit", "The approval audit log, newest first", query=AuditQuery, response=v.AuditLog)
 async def audit(call: Call) -> v.AuditLog:
-    return _host(call).audit(call.query.conversation_id, call.query.limit)
+    return await asyncio.to_thread(_host(call).audit, call.query.conversation_id, call.query.limit)
