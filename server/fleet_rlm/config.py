@@ -685,41 +685,42 @@ RESTART_ONLY = {
 }
 
 
-def dotenv_settings() -> dict[str, str | None]:
-    """The working directory's ``.env``, keys lower-cased (settings names are case-insensitive)."""
-    if not os.path.isfile(".env"):
-        return {}
-    from dotenv import dotenv_values
+def setting_origins() -> dict[str, list[str]]:
+    """Every source (of ``SETTING_SOURCES``) that gives each setting a value, in the order ``Settings``
+    reads them, so the first is the one in effect and none means the default. Asked of the very sources
+    ``Settings.settings_customise_sources`` builds, not worked out again."""
+    from pydantic import AliasChoices
+    from pydantic_settings import DotEnvSettingsSource, EnvSettingsSource, InitSettingsSource, SecretsSettingsSource
 
-    return {k.lower(): v for k, v in dotenv_values(".env").items()}
-
-
-def setting_source(name: str, dotenv: dict[str, str | None], saved: dict[str, Any]) -> str:
-    """Where the value in effect comes from (one of ``SETTING_SOURCES``), in the order settings are read."""
-    env = env_name(name)
-    if os.environ.get(env):
-        return "env"
-    if name in SECRET_FIELDS and _keyring_wanted() and keyring_get(name):
-        return "keyring"
-    if dotenv.get(env.lower()):
-        return "dotenv"
-    return "file" if name in saved and name not in SECRET_FIELDS else "default"
+    keys = {}  # the names a source may give a setting under: the field, its FLEET_ variable, its aliases
+    for name, info in Settings.model_fields.items():
+        aliases = info.validation_alias.choices if isinstance(info.validation_alias, AliasChoices) else []
+        keys[name] = {name, f"fleet_{name}", *(str(a).lower() for a in aliases)}
+    sources = Settings.settings_customise_sources(
+        Settings, InitSettingsSource(Settings, {}), EnvSettingsSource(Settings), DotEnvSettingsSource(Settings),
+        SecretsSettingsSource(Settings),
+    )  # fmt: skip
+    origins: dict[str, list[str]] = {name: [] for name in Settings.model_fields}
+    for label, source in zip(("init", *SETTING_SOURCES[:-1]), sources, strict=True):
+        given = {key.lower() for key in source()}
+        for name, names in keys.items():
+            if given & names:
+                origins[name].append(label)
+    return origins
 
 
 def describe_settings() -> list[dict[str, Any]]:
     """Every setting: its value (never a secret's), where it comes from, and whether the environment
     hides a saved value (a saved change then has no effect until the variable is unset)."""
     settings = load_settings()
-    dotenv, saved = dotenv_settings(), read_user_settings()
+    origins = setting_origins()
     withheld = withheld_keys(settings)
     rows = []
     for name, info in Settings.model_fields.items():
         secret = name in SECRET_FIELDS
         value = getattr(settings, name)
-        source = setting_source(name, dotenv, saved)
-        hidden = name in saved or bool(dotenv.get(env_name(name).lower()))
-        if secret and source == "env":
-            hidden = hidden or (_keyring_wanted() and keyring_get(name) is not None)
+        source = (origins[name] or ["default"])[0]
+        hidden = source == "env" and len(origins[name]) > 1
         rows.append({
             "name": name,
             "env": env_name(name),
@@ -727,7 +728,7 @@ def describe_settings() -> list[dict[str, Any]]:
             "source": source,
             "secret": secret,
             "set": value is not None,
-            "overridden_by_env": source == "env" and hidden,
+            "overridden_by_env": hidden,
             "withheld": withheld.get(name),
             "restart_only": RESTART_ONLY.get(name),
             "description": info.description or "",

@@ -89,6 +89,10 @@ def test_config_messages(fleet_env: dict, tmp_path: Path) -> None:
     listing = cli("config", "list", env=fleet_env).stdout
     assert any(line.startswith("max_iters") and "9" in line and "[.env]" in line for line in listing.splitlines())
     assert any(line.startswith("max_depth") and "[default]" in line for line in listing.splitlines())
+    # Where a value comes from is asked of the sources that read it, under every name they read it by.
+    aliased = cli("config", "list", env={**fleet_env, "FLEET_DAYTONA_TARGET": "eu"}).stdout
+    (target,) = [line for line in aliased.splitlines() if line.startswith("daytona_target")]
+    assert " eu " in target and "[env]" in target
     secret = cli("config", "set", "lm_api_key", env=fleet_env, stdin="sk-typed-in-for-nothing\n")
     assert secret.returncode == 2 and secret.stderr.startswith("error: no secure OS keyring")
     assert "not echoed" not in secret.stdout + secret.stderr  # refused before asking for the key

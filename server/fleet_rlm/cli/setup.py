@@ -23,9 +23,9 @@ def _field(key: str) -> str:
 _LABELS = {"dotenv": ".env", "file": "settings.json"}  # how `config list` names the shared sources
 
 
-def _source(name: str, dotenv: dict[str, str | None], saved: dict[str, Any]) -> str:
-    """Where the value in effect comes from (``config.setting_source``), as `config list` shows it."""
-    source = cfg.setting_source(name, dotenv, saved)
+def _source(name: str, origins: dict[str, list[str]]) -> str:
+    """Where the value in effect comes from (``config.setting_origins``), as `config list` shows it."""
+    source = (origins[name] or ["default"])[0]
     if source == "default" and name in cfg.SECRET_FIELDS:
         return "-"
     return _LABELS.get(source, source)
@@ -41,13 +41,13 @@ def _display(settings: cfg.Settings, name: str) -> str:
 def cmd_config(args: argparse.Namespace) -> int:
     if args.action == "list":
         settings = cfg.load_settings()
-        dotenv, saved = cfg.dotenv_settings(), cfg.read_user_settings()
+        origins = cfg.setting_origins()
         withheld = cfg.withheld_keys(settings)
         values = {name: _display(settings, name) for name in cfg.Settings.model_fields}
         name_width, value_width = max(map(len, values)), max(map(len, values.values()))
         for name, value in values.items():
             note = f"  {withheld[name]}" if name in withheld else ""
-            print(f"{name:<{name_width}}  {value:<{value_width}}  [{_source(name, dotenv, saved)}]{note}")
+            print(f"{name:<{name_width}}  {value:<{value_width}}  [{_source(name, origins)}]{note}")
         return 0
     name = _field(args.key)
     if args.action == "get":
