@@ -4,7 +4,10 @@ protections, runs, uploads, feedback, housekeeping, volumes, settings, and the O
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +15,7 @@ import pytest
 
 from fleet_rlm.http_auth import BrowserSessions
 from fleet_rlm.web.app import create_app
+from tests.support.asgi_server import serve_asgi
 from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import AUTH, BASE, TOKEN, api_client, parse_sse, running, wait_finished
 
@@ -113,6 +117,23 @@ async def test_headers_errors_and_static_ui(tmp_path: Path, fake_env: dict, scri
         assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
         for response in (missing, bad, empty, unknown, wrong_method):
             assert "Traceback" not in response.text
+
+
+
+def test_a_client_gone_mid_request_is_not_an_internal_error(
+    fake_env: dict, scripted: OracleLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="fleet_rlm.web.errors")
+    with serve_asgi(lambda port: create_app(token=TOKEN, port=port)) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            head = f"POST /api/runs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            sock.sendall(f"{head}Content-Type: application/json\r\nContent-Length: 4096\r\n\r\n".encode() + b'{"q')
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert [r.levelname for r in caplog.records] == ["INFO"], caplog.text
+    assert "went away" in caplog.records[0].getMessage() and "Traceback" not in caplog.text
 
 
 # -- runs ---------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from fleet_rlm.config import ConfigError
@@ -55,10 +55,18 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, message, dict(exc.headers or {}))
 
 
+async def client_gone(request: Request, _exc: Exception) -> Response:
+    """The client closed the connection before its request was read: nothing failed, nobody reads the reply."""
+    log.info("%s %s: the client went away before sending its whole request", request.method, request.url.path)
+    return Response(status_code=400)
+
+
 async def internal_error(request: Request, exc: Exception) -> Response:
     """A bug or an outage: logged here in full, answered with one line."""
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal error (a bug): the server log has the details; please report it")
 
 
-HANDLERS = {FleetError: fleet_error, HTTPException: http_error, Exception: internal_error}
+HANDLERS = {
+    FleetError: fleet_error, HTTPException: http_error, ClientDisconnect: client_gone, Exception: internal_error
+}
