@@ -97,10 +97,15 @@ async def test_uv_tool_install_then_claude_code_config(
     assert installed.returncode == 0, installed.stderr[-3000:]
     assert {"fleet", "fleet-rlm", "fleet-mcp"} <= {p.name for p in bin_dir.iterdir()}
     # The installed package, not the checkout, is what runs.
-    probe = "import fleet_rlm; print(fleet_rlm.__file__)"
+    probe = "import fleet_rlm; from fleet_rlm.core.sample import SAMPLE; print(fleet_rlm.__file__); print(SAMPLE)"
     where = subprocess.run([str(tools / "fleet-rlm" / "bin" / "python"), "-c", probe],
                            capture_output=True, text=True, timeout=60, cwd=elsewhere)  # fmt: skip
-    assert Path(where.stdout.strip()).is_relative_to(tools), where
+    package, sample = map(Path, where.stdout.split())
+    assert package.is_relative_to(tools), where
+    # The sample a first run is offered ships in the wheel, whole.
+    assert sample.is_relative_to(tools) and sorted(p.name for p in sample.iterdir()) == sorted(
+        p.name for p in (ROOT / "examples" / "incident").iterdir()
+    )
 
     config = json.loads((ROOT / "manifests" / ".mcp.json").read_text(encoding="utf-8"))["mcpServers"]["fleet-rlm"]
     user_env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **fleet_env}

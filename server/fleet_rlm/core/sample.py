@@ -1,5 +1,6 @@
-"""The sample input of a source checkout (``examples/incident/``, see examples/README.md): the context a
-first run can use before the user has files of their own. A wheel does not ship it."""
+"""The sample input (``examples/incident/``, see examples/README.md): the context a first run can use
+before the user has files of their own. A wheel carries it inside the package (``fleet_rlm/examples``),
+a source checkout at its root."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 
 from fleet_rlm.config import Settings
 
-SAMPLE = Path(__file__).resolve().parents[3] / "examples" / "incident"
+_PACKAGE = Path(__file__).resolve().parents[1]
+_INSTALLED, _CHECKOUT = _PACKAGE / "examples" / "incident", _PACKAGE.parents[1] / "examples" / "incident"
+SAMPLE = _INSTALLED if _INSTALLED.is_dir() else _CHECKOUT
 SAMPLE_QUESTION = "Which service failed first, and why?"
 
 
