@@ -3,7 +3,8 @@
     python manifests/bundle.py [--out dist] [--server-json manifests/server.json]
 
 Stages what the bundle needs (``manifest.json``, ``pyproject.toml``, ``uv.lock``, ``README.md``
-and the ``server/``, ``shell/`` and ``webui/`` folders the wheel is built from, without caches)
+and the ``server/``, ``shell/``, ``webui/`` and ``examples/incident/`` folders the wheel is built
+from, without caches)
 in a temporary folder, validates the manifest and packs it with ``mcpb pack`` into
 ``<out>/fleet-rlm-<version>.mcpb``, then prints the bundle's path and sha256. With
 ``--server-json`` it writes that sha256 (and the release URL of this version) into the registry
@@ -28,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGED_FILES = ("pyproject.toml", "uv.lock", "README.md")
-STAGED_FOLDERS = ("server", "shell", "webui")
+STAGED_FOLDERS = ("server", "shell", "webui", "examples/incident")
 RELEASE_URL = "https://github.com/fleet-rlm/fleet-rlm/releases/download/v{version}/fleet-rlm-{version}.mcpb"
 
 
@@ -56,8 +57,10 @@ def stage(into: Path) -> str:
     shutil.copy2(ROOT / "manifests" / "manifest.json", into / "manifest.json")
     for name in STAGED_FILES:
         shutil.copy2(ROOT / name, into / name)
-    for folder in STAGED_FOLDERS:  # the wheel's packages and the UI it includes (pyproject says so)
+    for folder in STAGED_FOLDERS:  # the wheel's packages, the UI and the sample it includes (pyproject says so)
         shutil.copytree(ROOT / folder, into / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # mcpb leaves out *.log by default, and the sample is logs: without them the wheel does not build.
+    (into / ".mcpbignore").write_text("!examples/incident/*.log\n", encoding="utf-8")
     return str(manifest["version"])
 
 

@@ -92,7 +92,8 @@ async def _one(client: httpx.AsyncClient, n: int) -> None:
     whole = await stays
     export = (await client.get(url.replace("/events", "/export"))).text.splitlines()
     expected = [json.loads(line)["seq"] for line in export]
-    assert json.loads(export[-1])["data"]["answer"] == "soaked"
+    finished = json.loads(export[-1])["data"]
+    assert finished.get("answer") == "soaked", (n, finished)  # else its status, error and stop reason
     assert whole == expected, (n, whole, expected)
     assert dropped + back == expected, (n, dropped, back, expected)
 
