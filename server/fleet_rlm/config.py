@@ -709,6 +709,11 @@ def setting_origins() -> dict[str, list[str]]:
     return origins
 
 
+def source_in_effect(origins: list[str]) -> str:
+    """The source a setting's value comes from, given its ``setting_origins``: the first, else the default."""
+    return origins[0] if origins else "default"
+
+
 def describe_settings() -> list[dict[str, Any]]:
     """Every setting: its value (never a secret's), where it comes from, and whether the environment
     hides a saved value (a saved change then has no effect until the variable is unset)."""
@@ -719,7 +724,7 @@ def describe_settings() -> list[dict[str, Any]]:
     for name, info in Settings.model_fields.items():
         secret = name in SECRET_FIELDS
         value = getattr(settings, name)
-        source = (origins[name] or ["default"])[0]
+        source = source_in_effect(origins[name])
         hidden = source == "env" and len(origins[name]) > 1
         rows.append({
             "name": name,

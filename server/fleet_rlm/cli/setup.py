@@ -25,7 +25,7 @@ _LABELS = {"dotenv": ".env", "file": "settings.json"}  # how `config list` names
 
 def _source(name: str, origins: dict[str, list[str]]) -> str:
     """Where the value in effect comes from (``config.setting_origins``), as `config list` shows it."""
-    source = (origins[name] or ["default"])[0]
+    source = cfg.source_in_effect(origins[name])
     if source == "default" and name in cfg.SECRET_FIELDS:
         return "-"
     return _LABELS.get(source, source)

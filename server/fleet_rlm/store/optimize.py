@@ -116,6 +116,7 @@ _ROW_COLUMNS = table_columns(DatasetRow, json=("context_paths",))
 _VERSION_COLUMNS = table_columns(ProgramVersion, json=("scores", "changes", "state"))
 _OPT_COLUMNS = table_columns(Optimization, json=("params", "scores"))
 
+
 @dataclass(frozen=True)
 class CachedEval:
     """What replaying one example with one program gave (the evaluation cache)."""
