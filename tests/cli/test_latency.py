@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.oracle_lm import OracleLM, Scenario
 
 BIN = Path(sys.executable).parent
@@ -32,13 +34,20 @@ def _wait_for_first_call(oracle: OracleLM, proc: subprocess.Popen[str], timeout:
         time.sleep(0.02)
 
 
-def test_run_asks_the_model_before_loading_litellm(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+@pytest.mark.parametrize("capped", [False, True], ids=["plain", "cost-capped"])
+def test_run_asks_the_model_before_loading_litellm(
+    fleet_env: dict, oracle: OracleLM, tmp_path: Path, capped: bool
+) -> None:
     """The first model call goes out while LiteLLM is still unloaded: nothing on the way to it (settings
-    checks, provider detection, the client) waits for LiteLLM's import."""
+    checks, provider detection, the price a cost cap needs, the client) waits for LiteLLM's import."""
     oracle.add(Scenario("how long", ["SUBMIT(len(context))"]))
+    cap: list[str] = []
+    if capped:  # a model the cost map prices, so the cap is accepted without a price setting
+        fleet_env = {**fleet_env, "FLEET_LM_MODEL": "openai/gpt-4o-mini"}
+        cap = ["--max-cost", "1"]
     oracle.state.hold = threading.Event()  # the call waits while the test reads what was imported by then
     log = tmp_path / "importtime.txt"
-    cmd = [sys.executable, "-X", "importtime", str(BIN / "fleet-rlm"), "run", "how long is it?", "--text", "abcd"]
+    cmd = [sys.executable, "-X", "importtime", str(BIN / "fleet-rlm"), "run", "how long is it?", "--text", "abcd", *cap]
     with log.open("w") as stderr:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **fleet_env})
         try:

@@ -7,8 +7,8 @@ import itertools
 import json
 from typing import Any
 
-import litellm
 import pytest
+from dspy.clients.model_metadata import model_info
 
 from fleet_rlm.core.engine import Engine
 from fleet_rlm.types import RunRequest, RunResult
@@ -38,7 +38,7 @@ async def _run(question: str) -> tuple[RunResult, list[dict[str, Any]]]:
 async def test_openai_cached_tokens_are_counted_and_priced_at_the_cache_rate(
     fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-4o-mini")  # LiteLLM prices its cache reads at half the input
+    monkeypatch.setenv("FLEET_LM_MODEL", "openai/gpt-4o-mini")  # the cost map prices its cache reads at half the input
     oracle.add(Scenario("count to three", THREE_STEPS))
     uncached, _ = await _run("count to three")
     oracle.state.cache_reads = 200
@@ -47,7 +47,7 @@ async def test_openai_cached_tokens_are_counted_and_priced_at_the_cache_rate(
     assert [c["cached_tokens"] for c in calls] == [200, 200, 200]
     total, before = cached.usage["total"], uncached.usage["total"]
     assert total["cached_tokens"] == 600 and total["prompt_tokens"] == before["prompt_tokens"]
-    rates = litellm.get_model_info("openai/gpt-4o-mini")
+    rates = model_info("openai", "gpt-4o-mini")  # LiteLLM's cost map as dspy ships it
     per_token = rates["input_cost_per_token"] - rates["cache_read_input_token_cost"]
     assert per_token > 0
     assert total["saved"] == pytest.approx(600 * per_token)
@@ -100,7 +100,7 @@ async def test_anthropic_cache_reads_and_writes_are_counted(anthropic_env: dict,
     total = result.usage["total"]
     assert total["cached_tokens"] == 900 and total["cache_write_tokens"] == 120
     assert total["prompt_tokens"] > 900 + 120  # Anthropic's own input count leaves them out; the total does not
-    rates = litellm.get_model_info(ANTHROPIC)
+    rates = model_info(*ANTHROPIC.split("/"))
     base, read, write = (
         rates[k] for k in ("input_cost_per_token", "cache_read_input_token_cost", "cache_creation_input_token_cost")
     )

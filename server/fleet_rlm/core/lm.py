@@ -172,15 +172,28 @@ def cache_figures(tokens: Any) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _cache_rates(model: str) -> tuple[float, float, float] | None:
-    """USD per input token, per cache-read token and per cache-write token in LiteLLM's cost map; a cache
-    rate it lacks is the input rate (nothing saved). None: the model has no price there."""
+def _cost_entry(model: str) -> dict[str, Any]:
+    """The model's entry in LiteLLM's cost map, as dspy ships it and prices its own calls by, read without
+    importing LiteLLM (seconds of CPU at a run's start); empty when the map does not list it. Only a bare
+    name asks LiteLLM, which alone knows the provider it means (and serves its calls anyway)."""
+    provider, slash, name = model.partition("/")
+    if slash:
+        from dspy.clients.model_metadata import model_info
+
+        return dict(model_info(provider, name))
     import litellm
 
     try:
-        info = litellm.get_model_info(model)
+        return dict(litellm.get_model_info(model))
     except Exception:  # not in the map
-        return None
+        return {}
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_rates(model: str) -> tuple[float, float, float] | None:
+    """USD per input token, per cache-read token and per cache-write token in LiteLLM's cost map; a cache
+    rate it lacks is the input rate (nothing saved). None: the model has no price there."""
+    info = _cost_entry(model)
     base = info.get("input_cost_per_token")
     if not base:
         return None
@@ -369,12 +382,7 @@ def has_price(lm: MeteredLM) -> bool:
     (local models are missing there or listed at zero, so their calls would count as $0)."""
     if lm.price is not None:
         return True
-    import litellm
-
-    try:
-        info = litellm.get_model_info(lm.model)
-    except Exception:  # not in the map
-        return False
+    info = _cost_entry(lm.model)
     return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
 
 
