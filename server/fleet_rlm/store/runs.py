@@ -22,13 +22,13 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet_rlm.redaction import redact
 from fleet_rlm.store.owners import owner_alive, process_start
 from fleet_rlm.store.records import drop_unused_bodies
-from fleet_rlm.store.rows import Database, dumps
+from fleet_rlm.store.rows import Database, dumps, record, row_values, table_columns
 from fleet_rlm.types import ACTIVE_STATUSES, EVENT_VERSION, RUN_FINISHED, STATUSES, Event, RunStatus
 
 if TYPE_CHECKING:
@@ -64,15 +64,12 @@ class RunRecord:
     pinned: bool = False  # kept by retention (operations.pin_run)
 
 
-# RunRecord field -> column. request/usage are stored as JSON text.
-_RUN_COLUMNS = {f.name: f.name for f in fields(RunRecord)} | {
-    "request": "request_json",
-    "usage": "usage_json",
-}
-_JSON_FIELDS = frozenset({"request", "usage"})
+_JSON_FIELDS = ("request", "usage")  # stored as JSON text, in request_json and usage_json
+_RUN_COLUMNS = table_columns(RunRecord, json=_JSON_FIELDS)
+_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
 # Free text that may quote a provider's error (or a user's paste): masked before it is stored.
 _REDACTED_FIELDS = frozenset({"question", "answer", "stop_reason", "error", "request"})
-_RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS.values()) + " FROM runs"
+_RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
 _EVENT_COLUMNS = "run_id, seq, ts, kind, node, parent, depth, data_json"
 _EVENT_SELECT = f"SELECT {_EVENT_COLUMNS} FROM events"
 
@@ -92,9 +89,9 @@ def _like_literal(text: str) -> str:
 
 
 def _run_from_row(row: sqlite3.Row | tuple[Any, ...]) -> RunRecord:
-    values = dict(zip(_RUN_COLUMNS, row, strict=True))
+    values = record(_RUN_COLUMNS, tuple(row))
     for name in _JSON_FIELDS:
-        values[name] = json.loads(values[name]) if values[name] else {}
+        values[name] = values[name] or {}
     values["pinned"] = bool(values["pinned"])
     return RunRecord(**values)
 
@@ -134,11 +131,9 @@ class RunTables:
         ours = rec.owner_pid in (None, self._pid) and rec.owner_host in (None, self._host)
         if rec.owner_start is None and rec.owner_pid == self._pid and rec.owner_host == self._host:
             rec.owner_start = self._start
-        values = []
-        for name in _RUN_COLUMNS:
-            value = _redacted(name, getattr(rec, name))
-            values.append(dumps(value) if name in _JSON_FIELDS else value)
-        sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS.values())}) VALUES ({', '.join('?' * len(values))})"
+        masked = replace(rec, **{name: redact(getattr(rec, name)) for name in _REDACTED_FIELDS})
+        values = row_values(masked, _RUN_COLUMNS)
+        sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
 
         def insert(tx: Tx) -> None:
             try:
@@ -154,12 +149,12 @@ class RunTables:
         """Set some columns of a run. Keys are ``RunRecord`` field names (not ``id``)."""
         if not fields:
             return
-        bad = sorted(set(fields) - (set(_RUN_COLUMNS) - {"id"}))
+        bad = sorted(set(fields) - (_RUN_FIELDS - {"id"}))
         if bad:
             raise ValueError(f"cannot update run field(s): {', '.join(bad)}")
         if "status" in fields:
             _check_status(fields["status"])
-        assignments = ", ".join(f"{_RUN_COLUMNS[name]} = ?" for name in fields)
+        assignments = ", ".join(f"{name}_json = ?" if name in _JSON_FIELDS else f"{name} = ?" for name in fields)
         values = {name: _redacted(name, v) for name, v in fields.items()}
         params = [dumps(v) if name in _JSON_FIELDS else v for name, v in values.items()]
 
