@@ -14,8 +14,6 @@ from pathlib import Path
 
 import anyio
 
-from mcp import Client, StdioServerParameters
-
 BIN = Path(sys.executable).parent
 EMPTY_SERVER = "from mcp.server import MCPServer\nMCPServer('empty').run()\n"
 
@@ -52,6 +50,8 @@ def cli_help(repeats: int) -> Spawns:
 
 
 async def _first_reply(command: str, args: list[str]) -> float:
+    from mcp import Client, StdioServerParameters  # here: the other parts run without the SDK's import
+
     started = time.perf_counter()
     params = StdioServerParameters(command=command, args=args, env={**os.environ, "FLEET_NO_KEYRING": "1"})
     async with Client(params) as client:

@@ -48,15 +48,29 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 * (os.cpu_count() or 1)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` each test runs on whichever worker is free, except tests that share
-    one of our module- or session-scoped fixtures (a browser, a served app, the Daytona double): they
-    stay on one worker, so the fixture is built once."""
+    one of our module- or session-scoped fixtures (a browser, a served app, the Daytona double) or an
+    ``xdist_group`` marker: they stay on one worker, so the fixture is built once."""
+    grouping = bool(getattr(config, "workerinput", None)) and config.getvalue("loadgroup")
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
         defs = [d[-1] for d in fixtures.name2fixturedefs.values()] if fixtures else []
         if any(d.scope != "function" and d.func.__module__.startswith("tests.") for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(config.rootpath).as_posix()))
+        groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")})
+        if grouping and groups:
+            _put_in_group(item, "_".join(groups))
+
+
+def _put_in_group(item: pytest.Item, group: str) -> None:
+    """The worker reports ``nodeid@group`` and the controller schedules a group's tests on one worker.
+    xdist 3.8 writes that suffix to ``item._nodeid``, which pytest 9 no longer reads (the id is a
+    structured ``NodeId`` in ``item._id``), so without this no group ever formed."""
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.fixture

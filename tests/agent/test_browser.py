@@ -30,7 +30,7 @@ def chat_web(env: dict[str, str], cwd: Path) -> Iterator[str]:
         yield web.login_url
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # each test opens its own page; one chromium serves them
 def browser() -> Iterator[Browser]:
     with chromium() as b:
         yield b

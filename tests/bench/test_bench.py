@@ -127,9 +127,7 @@ def test_runner_exit_code_reflects_a_failed_bound(tmp_path: Path) -> None:
     report = json.loads(failed.stdout)
     assert [v["ok"] for v in report["bounds"]] == [False]
     assert "bound failed: server.later_over_first" in failed.stderr
-    passing = _bench(tmp_path, "--only", "server")
-    assert passing.returncode == 0, passing.stderr
-    assert json.loads(passing.stdout)["ok"] is True
+    # The passing side: every quick part below exits 0 with its report "ok".
 
 
 def test_simulated_model_answers_kept_alive_requests_without_stalling() -> None:
@@ -204,7 +202,7 @@ def test_quick_benchmark_compares_with_stock_and_holds_its_bounds(tmp_path: Path
     done = _bench(tmp_path, "--only", part)
     report = json.loads(done.stdout)
     failed = [v for v in report["bounds"] if not v["ok"]]
-    assert done.returncode == 0 and not failed, (failed, done.stderr[-2000:])
+    assert done.returncode == 0 and report["ok"] is True and not failed, (failed, done.stderr[-2000:])
     assert report["bounds"], "every part has bounds to hold"
     ratios = report["ratios"]
     if "step" in part:

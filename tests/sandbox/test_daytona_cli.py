@@ -121,10 +121,12 @@ def test_gc_removes_what_a_killed_run_left(env: dict, oracle: OracleLM, daytona_
 
 
 def test_daytona_commands_walk(env: dict, daytona_double: Any) -> None:
+    outputs = {}
     for argv in DAYTONA_WALK.values():
         proc = cli(*argv, env=env)
         assert proc.returncode == 0, f"{' '.join(argv)}: {proc.stderr}"
-    smoke = json.loads(cli("daytona", "smoke", "--json", env=env).stdout)
+        outputs[tuple(argv)] = proc.stdout
+    smoke = json.loads(outputs[("daytona", "smoke", "--json")])
     assert [row["check"] for row in smoke] == ["credentials", "snapshot", "volume", "sandbox", "execution",
                                                "host bridge"]  # fmt: skip
     assert all(row["ok"] and row["seconds"] >= 0 for row in smoke)

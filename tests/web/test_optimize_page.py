@@ -13,12 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from tests.optimize.conftest import shout_rows, teach
 from tests.support.oracle_lm import OracleLM
 from tests.web.conftest import WebServer, fleet_web
-from tests.web.test_browser import CHROMIUM, _require_chromium, open_page
+from tests.web.test_browser import _require_chromium, chromium, open_page
 from tests.web.test_browser import shots as shots  # the screenshot folder fixture
 
 pytestmark = pytest.mark.slow
@@ -38,66 +38,71 @@ def optimize_server(root: Path) -> Iterator[tuple[WebServer, OracleLM]]:
 
 
 @pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WebServer, OracleLM]]:
     with optimize_server(tmp_path_factory.mktemp("optimize-web")) as served:
         yield served
 
 
-def test_import_optimize_compare_promote_rollback(server: tuple[WebServer, OracleLM], shots: Path) -> None:
+def test_import_optimize_compare_promote_rollback(
+    server: tuple[WebServer, OracleLM], browser: Browser, shots: Path
+) -> None:
     web, _oracle = server
     jsonl = "".join(json.dumps(r) + "\n" for r in shout_rows())
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
-        with open_page(browser, web, shots) as ui:
-            page = ui.page
-            ui.login("#/optimize")
-            expect(page.get_by_role("heading", name="Optimization", exact=True)).to_be_visible()
-            expect(page.get_by_role("link", name="Optimization")).to_be_visible()
+    with open_page(browser, web, shots) as ui:
+        page = ui.page
+        ui.login("#/optimize")
+        expect(page.get_by_role("heading", name="Optimization", exact=True)).to_be_visible()
+        expect(page.get_by_role("link", name="Optimization")).to_be_visible()
 
-            page.get_by_label("Dataset name").fill("shout")
-            page.get_by_label("JSON lines").fill(jsonl)
-            page.get_by_role("button", name="Import dataset").click()
-            expect(page.get_by_text("Dataset shout: 8 train, 2 holdout rows.")).to_be_visible()
-            expect(page.locator("tr[data-dataset='shout']")).to_be_visible()
+        page.get_by_label("Dataset name").fill("shout")
+        page.get_by_label("JSON lines").fill(jsonl)
+        page.get_by_role("button", name="Import dataset").click()
+        expect(page.get_by_text("Dataset shout: 8 train, 2 holdout rows.")).to_be_visible()
+        expect(page.locator("tr[data-dataset='shout']")).to_be_visible()
 
-            page.get_by_label("Dataset", exact=True).select_option("shout")
-            page.get_by_label("Optimizer").select_option("bootstrap")
-            page.get_by_label("Metric").select_option("exact")
-            page.get_by_role("button", name="Start optimization").click()
-            expect(page.locator(".opt-result")).to_contain_text("succeeded", timeout=120_000)
-            expect(page.locator(".opt-result")).to_contain_text("gate passes")
-            expect(page.locator(".score-chart circle")).to_have_count(2)
-            axes = page.locator(".score-chart svg text")
-            for label in ("score", "trial", "0", "0.5", "1", "1", "2"):
-                expect(axes.filter(has_text=re.compile(rf"^{re.escape(label)}$")).first).to_be_visible()
-            expect(page.locator("[data-scored]")).to_have_count(4)
-            expect(page.locator("[data-scored='after-train']")).to_have_text("after: train score 1.000 (8 rows)")
-            ui.shot("optimize")
+        page.get_by_label("Dataset", exact=True).select_option("shout")
+        page.get_by_label("Optimizer").select_option("bootstrap")
+        page.get_by_label("Metric").select_option("exact")
+        page.get_by_role("button", name="Start optimization").click()
+        expect(page.locator(".opt-result")).to_contain_text("succeeded", timeout=120_000)
+        expect(page.locator(".opt-result")).to_contain_text("gate passes")
+        expect(page.locator(".score-chart circle")).to_have_count(2)
+        axes = page.locator(".score-chart svg text")
+        for label in ("score", "trial", "0", "0.5", "1", "1", "2"):
+            expect(axes.filter(has_text=re.compile(rf"^{re.escape(label)}$")).first).to_be_visible()
+        expect(page.locator("[data-scored]")).to_have_count(4)
+        expect(page.locator("[data-scored='after-train']")).to_have_text("after: train score 1.000 (8 rows)")
+        ui.shot("optimize")
 
-            row = page.locator("tr[data-version]").first
-            version = row.get_attribute("data-version")
-            assert version and version.startswith("v")
-            page.get_by_role("button", name="Compare versions").click()
-            expect(page.get_by_role("heading", name=f"builtin vs {version}")).to_be_visible()
-            expect(page.locator("pre.diff").first).to_have_text("(the same)")  # bootstrap adds demos only
-            expect(page.get_by_text(re.compile(rf"only in {version}: [1-9]"))).to_be_visible()
+        row = page.locator("tr[data-version]").first
+        version = row.get_attribute("data-version")
+        assert version and version.startswith("v")
+        page.get_by_role("button", name="Compare versions").click()
+        expect(page.get_by_role("heading", name=f"builtin vs {version}")).to_be_visible()
+        expect(page.locator("pre.diff").first).to_have_text("(the same)")  # bootstrap adds demos only
+        expect(page.get_by_text(re.compile(rf"only in {version}: [1-9]"))).to_be_visible()
 
-            page.get_by_role("button", name=f"Promote {version}").click()
-            expect(page.get_by_text(f"Version {version} is active: new runs use it.")).to_be_visible()
-            with web.api() as api:
-                run = api.post("/api/runs", json={"question": "Shout the word in the context (plum)",
-                                                  "context_text": ["Word: plum"]}).json()  # fmt: skip
-                deadline = time.monotonic() + 60
-                while (state := api.get(f"/api/runs/{run['run_id']}").json())["status"] in ("queued", "running"):
-                    assert time.monotonic() < deadline
-                    time.sleep(0.1)
-            assert state["answer"] == "PLUM"
+        page.get_by_role("button", name=f"Promote {version}").click()
+        expect(page.get_by_text(f"Version {version} is active: new runs use it.")).to_be_visible()
+        with web.api() as api:
+            run = api.post("/api/runs", json={"question": "Shout the word in the context (plum)",
+                                              "context_text": ["Word: plum"]}).json()  # fmt: skip
+            deadline = time.monotonic() + 60
+            while (state := api.get(f"/api/runs/{run['run_id']}").json())["status"] in ("queued", "running"):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert state["answer"] == "PLUM"
 
-            page.get_by_role("button", name="Roll back").click()
-            expect(page.get_by_text("Rolled back: builtin is active.")).to_be_visible()
-            expect(page.get_by_text("Active: builtin")).to_be_visible()
-            assert ui.errors == [], "the browser console showed errors:\n" + "\n".join(ui.errors)
-        browser.close()
+        page.get_by_role("button", name="Roll back").click()
+        expect(page.get_by_text("Rolled back: builtin is active.")).to_be_visible()
+        expect(page.get_by_text("Active: builtin")).to_be_visible()
+        assert ui.errors == [], "the browser console showed errors:\n" + "\n".join(ui.errors)
 
 
 def _failing_version(home: Path) -> str:
@@ -128,32 +133,33 @@ def _failed_run(web: WebServer, oracle: OracleLM) -> str:
     return str(run_id)
 
 
-def test_a_run_without_an_answer_cannot_be_marked_correct_in_the_page(tmp_path: Path, shots: Path) -> None:
-    with optimize_server(tmp_path) as (web, oracle), sync_playwright() as p:
+def test_a_run_without_an_answer_cannot_be_marked_correct_in_the_page(
+    browser: Browser, tmp_path: Path, shots: Path
+) -> None:
+    with optimize_server(tmp_path) as (web, oracle):
         run_id = _failed_run(web, oracle)
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
         with open_page(browser, web, shots) as ui:
             ui.login(f"#/runs/{run_id}")
             expect(ui.page.get_by_role("button", name="Correct")).to_be_disabled()
             expect(ui.page.get_by_text("This run gave no answer, so it cannot be correct")).to_be_visible()
             assert ui.errors == [], "\n".join(ui.errors)
-        browser.close()
 
 
-def test_a_failing_version_is_promoted_only_with_a_reason_typed_in_the_page(tmp_path: Path, shots: Path) -> None:
+def test_a_failing_version_is_promoted_only_with_a_reason_typed_in_the_page(
+    browser: Browser, tmp_path: Path, shots: Path
+) -> None:
     folder = tmp_path / "questions"
     folder.mkdir()
     (folder / "word.txt").write_text("Word: plum")
     jsonl = folder / "rel.jsonl"
     jsonl.write_text(json.dumps({"question": "Shout the word in the context (plum)", "context_path": "word.txt",
                                  "answer": "PLUM"}) + "\n")  # fmt: skip
-    with optimize_server(tmp_path) as (web, _oracle), sync_playwright() as p:
+    with optimize_server(tmp_path) as (web, _oracle):
         version = _failing_version(web.home)
         with web.api() as api:
             refused = api.post(f"/api/programs/{version}/promote", json={})
         assert refused.status_code == 409 and "1.000 -> 0.000" in refused.json()["message"]
         assert "--" not in refused.json()["message"], "a web user has no command-line flags"
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--disable-background-networking"])
         with open_page(browser, web, shots) as ui:
             page = ui.page
             ui.login("#/optimize")
@@ -180,7 +186,6 @@ def test_a_failing_version_is_promoted_only_with_a_reason_typed_in_the_page(tmp_
             ui.shot("optimize-override")
             unexpected = [e for e in ui.errors if "status of 400" not in e]  # the refused import's, on purpose
             assert unexpected == [], "the browser console showed errors:\n" + "\n".join(unexpected)
-        browser.close()
         with web.api() as api:
             listed = api.get("/api/programs").json()
         assert listed["active"] == version
