@@ -189,7 +189,6 @@ def _cost_entry(model: str) -> dict[str, Any]:
         return {}
 
 
-@functools.lru_cache(maxsize=64)
 def _cache_rates(model: str) -> tuple[float, float, float] | None:
     """USD per input token, per cache-read token and per cache-write token in LiteLLM's cost map; a cache
     rate it lacks is the input rate (nothing saved). None: the model has no price there."""

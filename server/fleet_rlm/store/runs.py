@@ -66,7 +66,7 @@ class RunRecord:
 
 _JSON_FIELDS = ("request", "usage")  # stored as JSON text, in request_json and usage_json
 _RUN_COLUMNS = table_columns(RunRecord, json=_JSON_FIELDS)
-_RUN_FIELDS = frozenset(f.name for f in fields(RunRecord))
+_COLUMN_OF = dict(zip((f.name for f in fields(RunRecord)), _RUN_COLUMNS, strict=True))  # field -> column
 # Free text that may quote a provider's error (or a user's paste): masked before it is stored.
 _REDACTED_FIELDS = frozenset({"question", "answer", "stop_reason", "error", "request"})
 _RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
@@ -149,12 +149,12 @@ class RunTables:
         """Set some columns of a run. Keys are ``RunRecord`` field names (not ``id``)."""
         if not fields:
             return
-        bad = sorted(set(fields) - (_RUN_FIELDS - {"id"}))
+        bad = sorted(set(fields) - (set(_COLUMN_OF) - {"id"}))
         if bad:
             raise ValueError(f"cannot update run field(s): {', '.join(bad)}")
         if "status" in fields:
             _check_status(fields["status"])
-        assignments = ", ".join(f"{name}_json = ?" if name in _JSON_FIELDS else f"{name} = ?" for name in fields)
+        assignments = ", ".join(f"{_COLUMN_OF[name]} = ?" for name in fields)
         values = {name: _redacted(name, v) for name, v in fields.items()}
         params = [dumps(v) if name in _JSON_FIELDS else v for name, v in values.items()]
 
