@@ -88,7 +88,8 @@ def test_client_configs() -> None:
     assert "FLEET_LM_API_KEY" not in desktop["env"]
 
 
-DOCS = ["README.md", "docs/mcp.md", "docs/cli.md", "docs/configuration.md", "docs/desktop.md",
+# Every page a user reads (all of docs/, not a list that misses the next one) and every client config.
+DOCS = ["README.md", "examples/README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
         "manifests/manifest.json", "manifests/server.json", "manifests/.mcp.json",
         "manifests/claude_desktop_config.json"]  # fmt: skip
 
