@@ -60,7 +60,6 @@ def run(self_test: bool, screenshot: Path | None, out: Any = None) -> int:
 
     server = LocalServer()
     try:
-        server.start()
         desktop = DesktopWindow(server, home, gui=gui)
         print(f"fleet desktop: serving {server.url} (its token is handed to the window only)", file=sys.stderr)
         for sig in (signal.SIGINT, signal.SIGTERM):

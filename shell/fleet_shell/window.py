@@ -55,7 +55,7 @@ def confirm_close(window: Any, count: int) -> bool:
 
 
 class DesktopWindow:
-    """One pywebview window on ``server``; ``start()`` runs the GUI loop on the main thread."""
+    """One pywebview window on ``server``, which it starts; ``start()`` runs the GUI loop on the main thread."""
 
     def __init__(self, server: LocalServer, home: Path, *, gui: str | None) -> None:
         import webview
@@ -64,6 +64,14 @@ class DesktopWindow:
         self.size = load_size(home)
         self._closing_approved = False
         self.qt = gui == "qt"
+        if self.qt:
+            from fleet_shell import qt
+
+            # Loads the Qt binding before the server's thread starts importing the web app:
+            # shiboken's start-up walks sys.modules and aborts the process if another thread
+            # imports meanwhile ("dictionary changed size during iteration").
+            qt.guard_navigation(server.url)
+        server.start()
         self.window = webview.create_window(
             TITLE,
             server.url + bridge.ENTRY_PATH,
@@ -136,10 +144,6 @@ class DesktopWindow:
         """The GUI loop (main thread) until the window closes; ``worker`` runs beside it."""
         import webview
 
-        if self.qt:
-            from fleet_shell import qt
-
-            qt.guard_navigation(self.server.url)
         webview.settings["OPEN_EXTERNAL_LINKS_IN_BROWSER"] = True
         webview.settings["ALLOW_DOWNLOADS"] = not self.qt  # Qt: our handler (qt.handle_downloads)
         webview.start(worker, gui=self.gui, icon=str(ICON), private_mode=True)

@@ -146,7 +146,6 @@ def _act(desktop: DesktopWindow, action: str, arg: str) -> dict[str, Any]:
 def main(steps: list[str]) -> int:
     """``steps``: ACTION ARG pairs, done in order in one window."""
     server = LocalServer()
-    server.start()
     desktop = DesktopWindow(server, default_home(), gui=choose_gui(self_test=True))
     results: list[dict[str, Any]] = []
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,24 @@ def test_the_window_size_is_remembered(desktop_env: dict, tmp_path: Path) -> Non
     assert "(1000x700)" in proc.stdout, proc.stdout
     assert json.loads((home / "desktop.json").read_text()) == {"width": 1000, "height": 700}
     assert stat.S_IMODE((home / "desktop.json").stat().st_mode) == 0o600
+
+
+LOAD_ORDER = """
+import sys
+from pathlib import Path
+from fleet_shell.server import LocalServer
+from fleet_shell.window import DesktopWindow
+
+loaded = []
+LocalServer.start = lambda self: loaded.append("shiboken6" in sys.modules and "webview.platforms.qt" in sys.modules)
+DesktopWindow(LocalServer(), Path(sys.argv[1]), gui="qt")
+print(loaded)
+"""
+
+
+def test_the_qt_binding_is_loaded_before_the_server_thread_starts(desktop_env: dict, tmp_path: Path) -> None:
+    """shiboken aborts the process when another thread imports while it starts (seen once in a suite
+    run: "libshiboken/signature: could not initialize part 2"), so the window loads Qt first."""
+    proc = subprocess.run([sys.executable, "-c", LOAD_ORDER, str(tmp_path)], capture_output=True, text=True,
+                          env=desktop_env, timeout=60)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "[True]", proc.stdout + proc.stderr
