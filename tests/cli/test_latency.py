@@ -80,3 +80,13 @@ def test_read_commands_load_neither_the_model_runtime_nor_the_renderer(fleet_env
     for args in (["runs"], ["export", "last"], ["volumes", "ls"], ["config", "list"]):
         assert _loaded(_importtime(*args, env=fleet_env), (*MODEL_RUNTIME, "httpx", "rich")) == set(), args
     assert _loaded(_importtime("trace", "last", env=fleet_env), (*MODEL_RUNTIME, "httpx")) == set()
+
+
+@pytest.mark.parametrize("args", [["daytona", "smoke"], ["daytona", "gc"], ["run", "hi", "--sandbox", "daytona"]])
+def test_a_missing_daytona_key_is_refused_before_the_sdk_loads(fleet_env: dict, args: list[str]) -> None:
+    """The Daytona SDK takes about 3 CPU-seconds to import: a command that cannot use it says why first."""
+    env = {k: v for k, v in {**os.environ, **fleet_env}.items() if k != "DAYTONA_API_KEY"}
+    cmd = [sys.executable, "-X", "importtime", str(BIN / "fleet-rlm"), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "error: the Daytona sandbox needs an API key" in done.stderr, done.stderr[-2000:]
+    assert _loaded(done.stderr, ("daytona",)) == set()

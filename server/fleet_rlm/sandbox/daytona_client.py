@@ -90,9 +90,8 @@ _clients: dict[asyncio.AbstractEventLoop, list[Any]] = {}  # loop -> [client, us
 
 
 def config(settings: Settings) -> Any:
-    """The SDK's config from the settings; ConfigError (with the fix) when there is no key."""
-    from daytona import DaytonaConfig
-
+    """The SDK's config from the settings; ConfigError (with the fix) when there is no key, said
+    before the SDK is imported (about 3 CPU-seconds)."""
     key = settings.daytona_api_key.get_secret_value() if settings.daytona_api_key else None
     if not key:
         from fleet_rlm.config import ConfigError
@@ -101,6 +100,8 @@ def config(settings: Settings) -> Any:
             "the Daytona sandbox needs an API key: set DAYTONA_API_KEY (or `fleet-rlm config set daytona_api_key`);"
             " get one at https://app.daytona.io/dashboard/keys"
         )
+    from daytona import DaytonaConfig
+
     return DaytonaConfig(
         api_key=key,
         api_url=settings.daytona_api_url or "https://app.daytona.io/api",
@@ -115,11 +116,12 @@ async def acquire_client(settings: Settings) -> AsyncDaytona:
     loop = asyncio.get_running_loop()
     slot = _clients.get(loop)
     if slot is None:
+        sdk_config = config(settings)  # a missing key is refused before the SDK's import
         from daytona import AsyncDaytona
 
         with warnings.catch_warnings():  # the polling flag is announced as deprecated
             warnings.simplefilter("ignore", DeprecationWarning)
-            slot = _clients[loop] = [AsyncDaytona(config(settings)), 0]
+            slot = _clients[loop] = [AsyncDaytona(sdk_config), 0]
     slot[1] += 1
     return slot[0]
 
