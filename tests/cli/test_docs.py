@@ -96,24 +96,28 @@ def test_help_and_docs_agree(fleet_env: dict) -> None:
 
 # -- the walk -----------------------------------------------------------------------------------
 
-# One harmless invocation per documented flag, and per command without flags (key (..., "")).
+# A harmless invocation for every documented flag, and for every command without flags (key (..., "")).
+# Flags that combine share one invocation (each process costs about a second of CPU), so a broken flag
+# fails its line; flags that exclude each other, or change how the command answers, get their own.
 # "{file}", "{run}" and "{port}" are filled in by the test.
-GOOD: dict[tuple[Key, str], list[str]] = {
+WalkKey = tuple[Key, str]
+
+
+def _walks(words: Key, line: str, flags: tuple[str, ...] = ()) -> dict[WalkKey, list[str]]:
+    """The command ``line`` walks each of ``flags`` (by default every flag in it)."""
+    argv = line.split()
+    return {(words, flag): argv for flag in flags or [a for a in argv if a.startswith("--")]}
+
+
+RUN, FORK = ("fleet-rlm", "run"), ("fleet-rlm", "fork")
+GOOD: dict[WalkKey, list[str]] = {
     (("fleet-rlm",), "--version"): ["--version"],
     (("fleet-rlm", "run"), ""): ["run", "hello"],
-    (("fleet-rlm", "run"), "--context"): ["run", "hello", "--context", "{file}"],
-    (("fleet-rlm", "run"), "--text"): ["run", "hello", "--text", "x"],
-    (("fleet-rlm", "run"), "--include-hidden"): ["run", "hello", "--context", "{dir}", "--include-hidden"],
-    (("fleet-rlm", "run"), "--session"): ["run", "hello", "--session", "walk"],
-    (("fleet-rlm", "run"), "--volume"): ["run", "hello", "--volume", "notes"],
-    (("fleet-rlm", "run"), "--max-iters"): ["run", "hello", "--max-iters", "3"],
-    (("fleet-rlm", "run"), "--max-depth"): ["run", "hello", "--max-depth", "0"],
-    (("fleet-rlm", "run"), "--max-llm-calls"): ["run", "hello", "--max-llm-calls", "5"],
-    (("fleet-rlm", "run"), "--max-seconds"): ["run", "hello", "--max-seconds", "60"],
-    (("fleet-rlm", "run"), "--max-cost"): ["run", "hello", "--max-cost", "1.5"],
-    (("fleet-rlm", "run"), "--sandbox"): ["run", "hello", "--sandbox", "local"],
-    (("fleet-rlm", "run"), "--json"): ["run", "hello", "--json"],
-    (("fleet-rlm", "run"), "--trace-mode"): ["run", "hello", "--trace-mode", "verbose"],
+    **_walks(
+        RUN, "run hello --context {file} --text x --session walk --volume notes --sandbox local --trace-mode verbose"
+    ),
+    **_walks(RUN, "run hello --max-iters 3 --max-depth 0 --max-llm-calls 5 --max-seconds 60 --max-cost 1.5"),
+    **_walks(RUN, "run hello --context {dir} --include-hidden --json"),
     (("fleet-rlm", "runs"), "--limit"): ["runs", "--limit", "1"],
     (("fleet-rlm", "runs"), "--status"): ["runs", "--status", "succeeded"],
     (("fleet-rlm", "runs"), "--json"): ["runs", "--json"],
@@ -128,11 +132,8 @@ GOOD: dict[tuple[Key, str], list[str]] = {
     (("fleet-rlm", "replay"), "--json"): ["replay", "{run}", "--json"],
     (("fleet-rlm", "replay"), "--all"): ["replay", "--all", "--since", "2999-01-01"],  # none: other runs change
     (("fleet-rlm", "replay"), "--since"): ["replay", "--all", "--since", "2999-01-01T00:00"],
-    (("fleet-rlm", "fork"), "--at"): ["fork", "{run}", "--at", "1"],
-    (("fleet-rlm", "fork"), "--code"): ["fork", "{run}", "--at", "1", "--code", "{file}"],
-    (("fleet-rlm", "fork"), "--instruction"): ["fork", "{run}", "--at", "1", "--instruction", "be brief"],
-    (("fleet-rlm", "fork"), "--max-iters"): ["fork", "{run}", "--at", "1", "--max-iters", "3"],
-    (("fleet-rlm", "fork"), "--json"): ["fork", "{run}", "--at", "1", "--json"],
+    **_walks(FORK, "fork {run} --at 1 --code {file} --max-iters 3"),
+    **_walks(FORK, "fork {run} --at 1 --instruction brief --json", ("--instruction", "--json")),
     (("fleet-rlm", "volumes", "ls"), ""): ["volumes", "ls", "notes"],
     (("fleet-rlm", "volumes", "ls"), "--json"): ["volumes", "ls", "--json"],
     (("fleet-rlm", "volumes", "cat"), ""): ["volumes", "cat", "notes/memory/a.md"],
@@ -147,30 +148,17 @@ GOOD: dict[tuple[Key, str], list[str]] = {
     (("fleet-rlm", "config", "set"), ""): ["config", "set", "max_depth", "1"],
     (("fleet-rlm", "config", "unset"), ""): ["config", "unset", "max_depth"],
     (("fleet-rlm", "serve-mcp"), "--transport"): ["serve-mcp", "--transport", "stdio"],
-    (("fleet-rlm", "serve-mcp"), "--host"): [
-        "serve-mcp",
-        "--transport",
-        "http",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-    ],
-    (("fleet-rlm", "serve-mcp"), "--port"): ["serve-mcp", "--transport", "http", "--port", "{port}"],
-    (("fleet-rlm", "serve-mcp"), "--allow-remote"): [
-        "serve-mcp",
-        "--transport",
-        "http",
-        "--allow-remote",
-        "--port",
-        "{port}",
-    ],
-    (("fleet-rlm", "serve-mcp"), "--no-auth"): ["serve-mcp", "--transport", "http", "--no-auth", "--port", "{port}"],
+    **_walks(
+        ("fleet-rlm", "serve-mcp"),
+        "serve-mcp --transport http --host 127.0.0.1 --no-auth --port {port}",
+        ("--host", "--no-auth", "--port"),
+    ),
+    **_walks(
+        ("fleet-rlm", "serve-mcp"), "serve-mcp --transport http --allow-remote --port {port}", ("--allow-remote",)
+    ),
 }
 GOOD |= {
-    (("fleet-rlm", "web"), "--host"): ["web", "--host", "127.0.0.1", "--port", "{port}", "--no-open"],
-    (("fleet-rlm", "web"), "--port"): ["web", "--port", "{port}", "--no-open"],
-    (("fleet-rlm", "web"), "--no-open"): ["web", "--no-open", "--port", "{port}"],
+    **_walks(("fleet-rlm", "web"), "web --host 127.0.0.1 --port {port} --no-open"),
     (("fleet-rlm", "web"), "--allow-remote"): ["web", "--allow-remote", "--no-open", "--port", "{port}"],
     # The window (Qt offscreen when there is no display); needs the desktop extra, which CI installs.
     # One window walks both flags (tests/desktop holds the self-test to far more than its exit code).
@@ -180,8 +168,8 @@ GOOD |= {
     (("fleet-rlm", "desktop"), "--install"): ["desktop", "--install"],
     (("fleet-rlm", "desktop"), "--uninstall"): ["desktop", "--uninstall"],
 }
-# Chat flags, stdin says /quit: one invocation per flag through `fleet-rlm chat`; `fleet` only puts
-# `chat` in front (cli/main.py fleet_main), so one `fleet` line carries every flag but --agent.
+# Chat flags, stdin says /quit: one line carries every flag but --agent (a different chat), through
+# `fleet-rlm chat` and through `fleet`, which only puts `chat` in front (cli/main.py fleet_main).
 CHAT = {
     "--context": ["--context", "{file}"],
     "--trace-mode": ["--trace-mode", "off"],
@@ -195,8 +183,9 @@ CHAT = {
 }
 _ALL_CHAT_BUT_AGENT = [a for flag, args in CHAT.items() if flag != "--agent" for a in args]
 for _flag, _args in CHAT.items():
-    GOOD[(("fleet-rlm", "chat"), _flag)] = ["chat", *_args]
-    GOOD[(("fleet",), _flag)] = ["@fleet", *(_args if _flag == "--agent" else _ALL_CHAT_BUT_AGENT)]
+    _line = _args if _flag == "--agent" else _ALL_CHAT_BUT_AGENT
+    GOOD[(("fleet-rlm", "chat"), _flag)] = ["chat", *_line]
+    GOOD[(("fleet",), _flag)] = ["@fleet", *_line]
 
 # Bad input: exit 2 and a first stderr line starting with "error:", and no run recorded.
 BAD: list[list[str]] = [
