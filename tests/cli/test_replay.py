@@ -6,12 +6,13 @@ with the server stopped (exit 0), a fork asks no model before its step and shows
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli.test_cli import cli
-from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.oracle_lm import OracleLM, Scenario, oracle_env
 
 STEPS = [
     "print(context)",
@@ -102,6 +103,18 @@ def test_replay_all_since_sums_up_and_fails_on_a_divergence(fleet_env: dict, ora
     assert later.returncode == 0 and json.loads(later.stdout) == {"replays": [], "skipped": []}
 
 
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One recorded run in a FLEET_HOME that the refusals share: each must leave it the only run."""
+    root = tmp_path_factory.mktemp("refusals")
+    context, code = root / "context.txt", root / "code.py"
+    context.write_text("alpha\n")
+    code.write_text("print(1)\n")
+    with OracleLM(Scenario("find the codes", STEPS)) as oracle:
+        env = oracle_env(root, oracle.base_url)
+        yield {"env": env, "run": _run(env, context), "code": str(code), "missing": str(root / "nope.py")}
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -117,16 +130,8 @@ def test_replay_all_since_sums_up_and_fails_on_a_divergence(fleet_env: dict, ora
     ],
 )
 @pytest.mark.slow
-def test_bad_requests_are_refused_before_a_run(
-    argv: list[str], fleet_env: dict, oracle: OracleLM, tmp_path: Path
-) -> None:
-    oracle.add(Scenario("find the codes", STEPS))
-    context = tmp_path / "context.txt"
-    context.write_text("alpha\n")
-    source = _run(fleet_env, context)
-    code = tmp_path / "code.py"
-    code.write_text("print(1)\n")
-    values = {"run": source, "code": str(code), "missing": str(tmp_path / "nope.py")}
-    proc = cli(*[a.format(**values) for a in argv], env=fleet_env)
+def test_bad_requests_are_refused_before_a_run(argv: list[str], recorded: dict) -> None:
+    env = recorded["env"]
+    proc = cli(*[a.format(**recorded) for a in argv], env=env)
     assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
-    assert len(json.loads(cli("runs", "--json", env=fleet_env).stdout)) == 1
+    assert [r["run_id"] for r in json.loads(cli("runs", "--json", env=env).stdout)] == [recorded["run"]]

@@ -35,6 +35,7 @@ header and key back (bare, reversed and split into pieces), as careless provider
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import threading
@@ -42,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 from tests.support.http_server import LoopbackServer, QuietHandler
@@ -51,6 +53,20 @@ RAW = "RAW:"
 # runs with a cost cap (a cap on a model without a known price is refused before the run).
 PRICED = {"FLEET_LM_PRICE_PER_MTOK_IN": "0.15", "FLEET_LM_PRICE_PER_MTOK_OUT": "0.6"}
 NEEDLE = re.compile(r"The secret code is (\w+)")
+
+
+def oracle_env(root: Path, base_url: str) -> dict[str, str]:
+    """A process environment for a test that outlives one test function: a fresh FLEET_HOME in
+    ``root``, the scripted model at ``base_url``, no keyring."""
+    return os.environ | {
+        "FLEET_HOME": str(root / "home"),
+        "FLEET_NO_KEYRING": "1",
+        "FLEET_LM_MODEL": "openai/oracle",
+        "FLEET_LM_API_BASE": base_url,
+        "FLEET_LM_API_KEY": "sk-test-oracle-0000",
+        "FLEET_LM_RETRIES": "0",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
 
 
 def default_sub(prompt: str) -> str:

@@ -59,20 +59,6 @@ def chromium() -> Iterator[Browser]:
             browser.close()
 
 
-def oracle_env(root: Path, base_url: str) -> dict[str, str]:
-    """`fleet web`'s environment for a browser test: a fresh FLEET_HOME in ``root``, the scripted
-    model at ``base_url``, no keyring."""
-    return os.environ | {
-        "FLEET_HOME": str(root / "home"),
-        "FLEET_NO_KEYRING": "1",
-        "FLEET_LM_MODEL": "openai/oracle",
-        "FLEET_LM_API_BASE": base_url,
-        "FLEET_LM_API_KEY": "sk-test-oracle-0000",
-        "FLEET_LM_RETRIES": "0",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    }
-
-
 @pytest.fixture(scope="module")
 def web_oracle() -> Iterator[OracleLM]:
     slow_steps = [f"import time\ntime.sleep(3)\nprint({n!r})" for n in ("one", "two", "three")]

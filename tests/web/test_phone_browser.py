@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.oracle_lm import OracleLM, Scenario, oracle_env
 from tests.web.conftest import WebServer, fleet_web
-from tests.web.test_browser import UI, _require_chromium, chromium, clean_page, oracle_env
+from tests.web.test_browser import UI, _require_chromium, chromium, clean_page
 
 pytestmark = pytest.mark.slow
 
