@@ -23,7 +23,7 @@ def test_key_set_in_keyring_reaches_the_model_and_no_file(fleet_env: dict, oracl
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
     cli = BIN / "fleet-rlm"
     script = f"""
-echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{prereqs.UNLOCK_KEYRING}
 {cli} config set lm_api_key {SECRET} || exit 11
 echo "GET=$({cli} config get lm_api_key)"
 {cli} config list | grep '^lm_api_key'
@@ -60,7 +60,7 @@ def test_read_commands_leave_the_keyring_unasked_and_config_list_still_finds_the
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
     cli, py = BIN / "fleet-rlm", sys.executable
     script = f"""
-echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{prereqs.UNLOCK_KEYRING}
 {cli} config set lm_api_key {SECRET} || exit 11
 {cli} run "who am i" --text x >/dev/null || exit 12
 for c in runs "trace last" "volumes ls" "config list"; do

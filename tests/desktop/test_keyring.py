@@ -70,7 +70,7 @@ def test_key_saved_in_settings_lands_in_the_secret_service_and_the_next_run_uses
     env = _keyring_env(desktop_env, None)
     env.pop("PYTHON_KEYRING_BACKEND", None)
     script = f"""
-echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{prereqs.UNLOCK_KEYRING}
 {sys.executable} -m tests.desktop.driver save-key {SECRET} > "$FLEET_HOME.desktop.json" || exit 11
 echo "GET=$({BIN / "fleet-rlm"} config get lm_api_key)"
 {BIN / "fleet-rlm"} run "who am i" --text x --json >/dev/null || exit 12

@@ -182,7 +182,7 @@ def test_cli_key_given_again_in_a_real_keyring_goes_only_to_its_base(
     with OracleLM(Scenario("secret code", NEEDLE_STEPS)) as third:
         fleet = BIN / "fleet-rlm"
         script = f"""
-echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+{prereqs.UNLOCK_KEYRING}
 {fleet} config set sub_lm_api_base {listener.base_url} || exit 11
 {fleet} config set sub_lm_api_key {FRESH} || exit 12
 {fleet} run '{QUESTION}' --text '{HAYSTACK}' --json || exit 13

@@ -86,3 +86,16 @@ def has_secret_service() -> bool:
 
 def require_secret_service() -> None:
     require("a Secret Service (dbus-run-session and gnome-keyring-daemon)", has_secret_service())
+
+
+# Shell lines, run inside `dbus-run-session`, that start an unlocked Secret Service and wait until it
+# owns its bus name: `--unlock` returns before the forked daemon claims it, and a client asking first
+# makes D-Bus start a second daemon, which reads the half-written login keyring and fails to prompt.
+UNLOCK_KEYRING = """echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null
+n=0
+until dbus-send --session --print-reply --dest=org.freedesktop.DBus /org/freedesktop/DBus \\
+    org.freedesktop.DBus.NameHasOwner string:org.freedesktop.secrets 2>/dev/null | grep -q true; do
+  n=$((n + 1)); [ "$n" -lt 600 ] || { echo "the Secret Service did not start within 30 s" >&2; exit 10; }
+  sleep 0.05
+done
+"""

@@ -96,7 +96,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, web_oracle: OracleLM) -> It
     )
     wrap: list[str] = []
     if prereqs.has_secret_service():
-        script = 'echo -n unlock | gnome-keyring-daemon --unlock --components=secrets >/dev/null; exec "$@"'
+        script = prereqs.UNLOCK_KEYRING + 'exec "$@"'
         wrap = ["dbus-run-session", "--", "sh", "-c", script, "sh"]
     with fleet_web(root, env, wrap) as srv:
         yield srv
