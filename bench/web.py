@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from bench.procs import cpu_seconds
+
 BIN = Path(sys.executable).parent
 SIGN_IN = re.compile(r"(http://127\.0\.0\.1:(\d+))/#token=(\S+)")  # the address `fleet web` prints
 BARE_APP = """\
@@ -66,8 +68,9 @@ def _stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait()
 
 
-def health_seconds(cmd: list[str], port: int, env: dict[str, str], limit: float = 30.0) -> float:
-    """Seconds from spawn to the first 200 on ``/health`` (polled every 5 ms)."""
+def health_seconds(cmd: list[str], port: int, env: dict[str, str], limit: float = 30.0) -> tuple[float, float]:
+    """Wall seconds from spawn to the first 200 on ``/health`` (polled every 5 ms), and the CPU
+    seconds the process had used by then."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -75,20 +78,26 @@ def health_seconds(cmd: list[str], port: int, env: dict[str, str], limit: float 
             if proc.poll() is not None or time.perf_counter() - started > limit:
                 raise RuntimeError(f"{cmd[0]} did not answer /health (exit {proc.returncode})")
             time.sleep(0.005)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, cpu_seconds(proc.pid)
     finally:
         _stop(proc)
 
 
-def health_after_launch(env: dict[str, str], repeats: int) -> tuple[float, float]:
-    """Minimum seconds to ``/health``: ``fleet web``, then a bare Starlette app."""
+def health_after_launch(env: dict[str, str], repeats: int) -> dict[str, float]:
+    """Minimum wall and CPU seconds to ``/health``: ``fleet web`` (``fleet_s``, ``fleet_cpu``), then a
+    bare Starlette app (``bare_s``, ``bare_cpu``)."""
     fleet, bare = [], []
     for _ in range(repeats):  # interleaved, so the machine's load hits both alike
         port = free_port()
         fleet.append(health_seconds([str(BIN / "fleet"), "web", "--no-open", "--port", str(port)], port, env))
         port = free_port()
         bare.append(health_seconds([sys.executable, "-c", BARE_APP, str(port)], port, env))
-    return min(fleet), min(bare)
+    return {
+        "fleet_s": min(wall for wall, _ in fleet),
+        "bare_s": min(wall for wall, _ in bare),
+        "fleet_cpu": min(cpu for _, cpu in fleet),
+        "bare_cpu": min(cpu for _, cpu in bare),
+    }
 
 
 @dataclass(frozen=True)
