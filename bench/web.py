@@ -107,23 +107,29 @@ class WebServer:
     pid: int
 
 
+def _written(log: Any) -> str:
+    """What the server wrote to ``log`` so far. Read at an offset, never by seeking: the server writes
+    through the same open file, at its offset, and a seek back to 0 made its next line overwrite the
+    sign-in address (under load, the SSE figure then waited out its 60 s for a line that was gone)."""
+    return os.pread(log.fileno(), 1 << 20, 0).decode(errors="replace")
+
+
 @contextmanager
 def web_server(env: dict[str, str]) -> Iterator[WebServer]:
     """A ``fleet web`` process on a port it picks (``--port 0``: no other process can take it
     between a pick and the bind), until the block ends."""
     cmd = [str(BIN / "fleet"), "web", "--no-open", "--port", "0"]
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    with tempfile.TemporaryFile() as log:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
             deadline = time.monotonic() + 60
             found = None
             while found is None or not _health_ok(int(found.group(2))):
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"fleet web did not answer /health (exit {proc.poll()}): {log.read()[-500:]}")
+                    tail = _written(log)[-500:]
+                    raise RuntimeError(f"fleet web did not answer /health (exit {proc.poll()}): {tail}")
                 time.sleep(0.02)
-                log.seek(0)
-                found = found or SIGN_IN.search(log.read())
+                found = found or SIGN_IN.search(_written(log))
             yield WebServer(found.group(1), found.group(3), proc.pid)
         finally:
             _stop(proc)
