@@ -23,7 +23,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Route, expect, sync_playwright
 
 from tests.support import prereqs
-from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.oracle_lm import OracleLM, Scenario, oracle_env
 from tests.support.patience import patience
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 from tests.web.conftest import BIN, WebServer, fleet_web
@@ -80,20 +80,10 @@ def web_oracle() -> Iterator[OracleLM]:
 def server(tmp_path_factory: pytest.TempPathFactory, web_oracle: OracleLM) -> Iterator[WebServer]:
     _require_chromium()
     root = tmp_path_factory.mktemp("web")
-    home, user_home = root / "home", root / "user-home"
+    user_home = root / "user-home"
     user_home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "FLEET_NO_KEYRING"}
-    env.update(
-        {
-            "FLEET_HOME": str(home),
-            "HOME": str(user_home),  # the keyring's files go here, never the developer's
-            "FLEET_LM_MODEL": "openai/oracle",
-            "FLEET_LM_API_BASE": web_oracle.base_url,
-            "FLEET_LM_API_KEY": "sk-test-oracle-0000",
-            "FLEET_LM_RETRIES": "0",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        }
-    )
+    env = {k: v for k, v in oracle_env(root, web_oracle.base_url).items() if k != "FLEET_NO_KEYRING"}
+    env["HOME"] = str(user_home)  # the keyring's files go here, never the developer's
     wrap: list[str] = []
     if prereqs.has_secret_service():
         script = prereqs.UNLOCK_KEYRING + 'exec "$@"'
