@@ -1,11 +1,12 @@
 """A scripted OpenAI-compatible model server on 127.0.0.1 that plays the workspace agent's policy.
 
-The agent's chat client reaches it through LiteLLM like any provider. A ``Policy`` is chosen by a trigger
-in the latest user message; its reply number k (k = assistant messages since that user message) is
-``steps[k]``: a tool call in the function-calling format (``Call``) or text (``Say``), whose content may
-be computed from the latest tool result (``Reply.result``: its text; ``Reply.json``: it parsed). Replies
-stream as Server-Sent Events when asked (text in pieces; a tool call's arguments in two pieces, as real
-providers send them), else come as one JSON completion. Every request is recorded.
+The agent's chat client reaches it as any OpenAI-compatible server (dspy's native route, or LiteLLM). A
+``Policy`` is chosen by a trigger in the latest user message; its reply number k (k = assistant messages
+since that user message) is ``steps[k]``: a tool call in the function-calling format (``Call``) or text
+(``Say``), whose content may be computed from the latest tool result (``Reply.result``: its text;
+``Reply.json``: it parsed). Replies stream as Server-Sent Events when asked (text in pieces; a tool call's
+arguments in two pieces, as real providers send them), else come as one JSON completion. Every request is
+recorded; ``fail_next`` makes the next ones fail with an HTTP status.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class _State:
     requests: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     calls: int = 0
+    failures: list[int] = field(default_factory=list)  # HTTP statuses the next requests get, in order
 
 
 def _text(content: Any) -> str:
@@ -102,6 +104,11 @@ class AgentLM(LoopbackServer):
     def add(self, policy: Policy) -> None:
         self.state.policies.append(policy)
 
+    def fail_next(self, status: int, times: int = 1) -> None:
+        """Answer the next ``times`` requests with ``status`` (an OpenAI-style error body, Retry-After: 0)."""
+        with self.state.lock:
+            self.state.failures.extend([status] * times)
+
     @property
     def requests(self) -> list[Seen]:
         with self.state.lock:
@@ -123,6 +130,16 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 )
                 state.calls += 1
                 call_id = f"call_{state.calls}"
+                failure = state.failures.pop(0) if state.failures else None
+            if failure is not None:
+                self.send_response(failure)
+                self.send_header("Retry-After", "0")
+                error = json.dumps({"error": {"message": f"scripted failure {failure}", "type": "scripted"}}).encode()
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(error)))
+                self.end_headers()
+                self.wfile.write(error)
+                return
             step = choose(state, messages)
             model = body.get("model", "agent")
             if body.get("stream"):

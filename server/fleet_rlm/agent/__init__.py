@@ -1,6 +1,6 @@
 """The workspace agent: a conversation over the workspace, hosted by the Microsoft Agent Framework.
 
-An Agent Framework ``Agent`` (``client.LiteLLMChatClient``: any model the runtime can use) with tools over
+An Agent Framework ``Agent`` (``client.ModelChatClient``: any model the runtime can use) with tools over
 the Engine (``tools``): RLM runs, runs and traces, volume files and memory, web pages and repositories
 pulled into ``buffers/``, the user's own MCP servers. Every turn is a workflow built for it and
 checkpointed in the store (``turn``, ``checkpoints``); a tool with side effects pauses the turn for an

@@ -27,7 +27,7 @@ from agent_framework import (
 
 from fleet_rlm.agent.approvals import ApprovalGate
 from fleet_rlm.agent.checkpoints import StoreCheckpointStorage
-from fleet_rlm.agent.client import LiteLLMChatClient, result_text
+from fleet_rlm.agent.client import ModelChatClient, result_text
 from fleet_rlm.agent.tools import TurnContext, build_tools
 from fleet_rlm.agent.views import PREVIEW
 from fleet_rlm.errors import Conflict
@@ -174,7 +174,7 @@ async def run_segment(tc: TurnContext, *, new_messages: list[Message] | None) ->
             for s in tc.conversation.mcp_servers or []
         ]
         agent = Agent(
-            client=LiteLLMChatClient.from_settings(tc.engine.settings),
+            client=ModelChatClient.from_settings(tc.engine.settings),
             name="fleet-agent",
             instructions=instructions(tc),
             tools=[*build_tools(tc), *mcp_tools],
