@@ -439,8 +439,12 @@ def keyring_set(name: str, value: str) -> None:
     if not usable:
         raise ConfigError(NO_KEYRING_HELP.format(backend=backend, env=env_name(name)))
     import keyring
+    from keyring.errors import KeyringError
 
-    keyring.set_password(KEYRING_SERVICE, name, value)
+    try:
+        keyring.set_password(KEYRING_SERVICE, name, value)
+    except KeyringError as exc:
+        raise _keyring_refused(exc, name) from None
 
 
 def keyring_delete(name: str) -> bool:
@@ -448,13 +452,25 @@ def keyring_delete(name: str) -> bool:
     if not usable:
         return False
     import keyring
-    from keyring.errors import PasswordDeleteError
+    from keyring.errors import KeyringError, PasswordDeleteError
 
     try:
         keyring.delete_password(KEYRING_SERVICE, name)
     except PasswordDeleteError:
         return False
+    except KeyringError as exc:
+        raise _keyring_refused(exc, name) from None
     return True
+
+
+def _keyring_refused(exc: Exception, name: str) -> ConfigError:
+    """A keyring that is there but says no (locked, and no prompt can be shown from here)."""
+    field = name.partition(".")[0]  # the key's endpoint is saved under the key's name + ".endpoint"
+    return ConfigError(
+        f"the OS keyring refused to change {field} ({type(exc).__name__}: {exc}): unlock it (log in to the "
+        f"desktop session, or run `gnome-keyring-daemon --unlock`), or set the key in the environment "
+        f"instead (export {env_name(field)}=...)"
+    )
 
 
 # -- which key each model sends -------------------------------------------------------------------

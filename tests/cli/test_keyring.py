@@ -80,3 +80,34 @@ done
     assert {"runs: 0", "trace last: 0", "volumes ls: 0", "config list: 1"} <= set(lines), proc.stdout
     assert any(line.startswith("lm_api_key") and "[keyring]" in line for line in lines), proc.stdout
     assert [r.auth for r in oracle.requests()] == [f"Bearer {SECRET}"]
+
+
+def test_a_locked_keyring_is_a_clear_error_and_keeps_nothing(fleet_env: dict) -> None:
+    """A keyring that is there but locked, with no screen to prompt on (a server, ssh): the save and the
+    removal say how to fix it, never "internal error", and nothing lands in a file instead."""
+    prereqs.require_secret_service()
+    cli = BIN / "fleet-rlm"
+    lock = (
+        "dbus-send --session --print-reply --dest=org.freedesktop.secrets /org/freedesktop/secrets "
+        "org.freedesktop.Secret.Service.Lock array:objpath:/org/freedesktop/secrets/collection/login >/dev/null"
+    )
+    script = f"""
+{prereqs.UNLOCK_KEYRING}
+{lock} || exit 11
+{cli} config set lm_api_key {SECRET}; echo "SET=$?"
+{cli} config unset lm_api_key; echo "UNSET=$?"
+"""
+    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
+    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
+    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0 and "SET=2" in proc.stdout and "UNSET=2" in proc.stdout, proc.stdout + proc.stderr
+    refusals = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(refusals) == 2 and "internal error" not in proc.stderr, proc.stderr
+    assert all("keyring refused to change lm_api_key" in r and "export FLEET_LM_API_KEY=" in r for r in refusals)
+    assert SECRET not in proc.stderr
+    files = [p for p in Path(fleet_env["FLEET_HOME"]).rglob("*") if p.is_file()]
+    assert all(SECRET.encode() not in p.read_bytes() for p in files)
