@@ -7,9 +7,10 @@ import sys
 import pytest
 
 from fleet_rlm.agent import AgentHost
-from fleet_rlm.agent.client import route_for
+from fleet_rlm.agent.client import ModelChatClient, route_for
 from fleet_rlm.core.engine import Engine
 from fleet_rlm.core.lm import build_lm
+from fleet_rlm.errors import FleetError
 from tests.agent.conftest import MEMORY, memory_file
 from tests.agent.test_cli import agent_chat
 from tests.support.agent_lm import AgentLM
@@ -42,6 +43,10 @@ async def test_a_model_only_litellm_routes_still_streams_and_calls_tools(
     assert feed is not None and (await feed.outcome()).status == "done"
     assert memory_file(agent_env["FLEET_HOME"]).read_text() == MEMORY
     assert "litellm" in sys.modules and all(r.stream for r in agent_lm.requests)
+    # A request neither route can carry is one sentence, like a failed call.
+    client = ModelChatClient.from_settings(engine.settings)
+    with pytest.raises(FleetError, match=r"the agent's model lm_studio/agent at .* failed: .*'weird'"):
+        client._route({"messages": [{"role": "user", "content": [{"type": "weird"}]}]})
 
 
 async def test_rate_limits_are_retried_with_the_configured_retries(engine: Engine, agent_lm: AgentLM) -> None:

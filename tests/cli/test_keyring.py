@@ -18,6 +18,18 @@ BIN = Path(sys.executable).parent
 SECRET = "sk-keyring-only-9f8e7d6c"
 
 
+def in_keyring_session(script: str, fleet_env: dict) -> subprocess.CompletedProcess:
+    """``script`` in a private D-Bus session, with the Secret Service its lines start and its own HOME (the
+    keyring's files go there), and no key in the environment: a key can only come from the keyring."""
+    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
+    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
+    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
 def test_key_set_in_keyring_reaches_the_model_and_no_file(fleet_env: dict, oracle: OracleLM) -> None:
     prereqs.require_secret_service()
     oracle.add(Scenario("who am i", ["SUBMIT('hello')"]))
@@ -32,13 +44,7 @@ echo "GET=$({cli} config get lm_api_key)"
 {cli} config unset lm_api_key
 echo "AFTER=$({cli} config get lm_api_key)"
 """
-    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
-    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
-    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")  # the keyring's files go here
-    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = in_keyring_session(script, fleet_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "GET=set (…7d6c)" in out and "[keyring]" in out
@@ -68,13 +74,7 @@ for c in runs "trace last" "volumes ls" "config list"; do
 done
 {cli} config list | grep '^lm_api_key'
 """
-    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
-    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
-    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")
-    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = in_keyring_session(script, fleet_env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert {"runs: 0", "trace last: 0", "volumes ls: 0", "config list: 1"} <= set(lines), proc.stdout
@@ -97,13 +97,7 @@ def test_a_locked_keyring_is_a_clear_error_and_keeps_nothing(fleet_env: dict) ->
 {cli} config set lm_api_key {SECRET}; echo "SET=$?"
 {cli} config unset lm_api_key; echo "UNSET=$?"
 """
-    env = {k: v for k, v in os.environ.items() if k not in {"FLEET_NO_KEYRING", "FLEET_LM_API_KEY"}}
-    env.update({k: v for k, v in fleet_env.items() if k != "FLEET_LM_API_KEY"})
-    env["HOME"] = str(Path(fleet_env["FLEET_HOME"]).parent / "user-home")
-    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
-        ["dbus-run-session", "--", "sh", "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    proc = in_keyring_session(script, fleet_env)
     assert proc.returncode == 0 and "SET=2" in proc.stdout and "UNSET=2" in proc.stdout, proc.stdout + proc.stderr
     refusals = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(refusals) == 2 and "internal error" not in proc.stderr, proc.stderr

@@ -77,7 +77,7 @@ class ModelChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatClie
     async def _complete(self, body: dict[str, Any]) -> ChatResponse:
         from dspy.lm15 import TextPart, ToolCallPart
 
-        route = route_for(self._lm, body)
+        route = self._route(body)
         try:
             for attempt in itertools.count():
                 try:
@@ -97,7 +97,7 @@ class ModelChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatClie
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[ChatResponseUpdate]:
         """Text as it arrives; tool calls (their arguments come in pieces) once complete, at the end."""
-        route = route_for(self._lm, body)
+        route = self._route(body)
         calls: dict[int, dict[str, str]] = {}
         shown = False
         try:
@@ -127,6 +127,12 @@ class ModelChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatClie
                 for i, c in sorted(calls.items())
             ]
             yield ChatResponseUpdate(role="assistant", contents=contents)
+
+    def _route(self, body: dict[str, Any]) -> Route:
+        try:
+            return route_for(self._lm, body)
+        except Exception as exc:  # a request neither route can carry, said as one sentence like a failed call
+            raise self._explain(exc) from None
 
     async def _wait_or_raise(self, exc: Exception, attempt: int) -> None:
         """Back off before the next attempt if ``exc`` is transient and retries are left, else raise it explained."""
