@@ -132,13 +132,8 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 call_id = f"call_{state.calls}"
                 failure = state.failures.pop(0) if state.failures else None
             if failure is not None:
-                self.send_response(failure)
-                self.send_header("Retry-After", "0")
-                error = json.dumps({"error": {"message": f"scripted failure {failure}", "type": "scripted"}}).encode()
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(error)))
-                self.end_headers()
-                self.wfile.write(error)
+                error = {"error": {"message": f"scripted failure {failure}", "type": "scripted"}}
+                self.send_json(failure, error, headers={"Retry-After": "0"})
                 return
             step = choose(state, messages)
             model = body.get("model", "agent")

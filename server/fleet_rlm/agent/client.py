@@ -104,11 +104,13 @@ class ModelChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, BaseChatClie
             for attempt in itertools.count():
                 try:
                     async for event in route.engine.stream(route.request):
-                        delta = event.delta if event.type == "delta" else None
-                        if delta is not None and delta.type == "text" and delta.text:
+                        if event.type != "delta":  # start and end carry nothing to show
+                            continue
+                        delta = event.delta
+                        if delta.type == "text" and delta.text:
                             shown = True
                             yield ChatResponseUpdate(role="assistant", contents=[Content.from_text(delta.text)])
-                        elif delta is not None and delta.type == "tool_call":
+                        elif delta.type == "tool_call":
                             call = calls.setdefault(delta.part_index, {"id": "", "name": "", "arguments": ""})
                             call["id"] = delta.id or call["id"]
                             call["name"] = delta.name or call["name"]
