@@ -85,8 +85,9 @@ def server_check(b: Bench) -> Result:
 def step_overhead(b: Bench) -> Result:
     """Wall time per step through the CLI at zero model latency: the 10th percentile of the intervals
     between one step's root request and the next, as the server sees them, over steps 10-60 of one run
-    (steps 2-12 at 100 MB), the lowest of three runs. It is the time each step adds to the run (model
-    client, prompt building, sandbox, events, progress output); start-up is left out by construction.
+    (steps 2-12 at 100 MB), the lowest of three runs (two with --quick, which measures a crossed bound
+    again). It is the time each step adds to the run (model client, prompt building, sandbox, events,
+    progress output); start-up is left out by construction.
     A low percentile, not the median: a busy machine delays some steps of the three processes a step
     crosses here (one in stock), while work added to every step moves every interval."""
     sizes = {"1KB": (1_000, 60), "1MB": (1_000_000, 60), "10MB": (10_000_000, 60), "100MB": (100_000_000, 12)}
@@ -100,7 +101,7 @@ def step_overhead(b: Bench) -> Result:
         skip = 10 if steps >= 60 else 2 if steps <= 12 else 5
         lows: dict[str, list[float]] = {name: [] for name in names}
         walls: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(3):  # interleaved, so drift in the machine's load hits every runtime alike
+        for _ in range(2 if b.quick else 3):  # interleaved: drift in the machine's load hits every runtime alike
             for name in names:
                 b.sim.reset()
                 out = b.run(name, job, timeout=900)
@@ -214,7 +215,7 @@ def child_overhead(b: Bench) -> Result:
 
 def cold_start(b: Bench) -> Result:
     """Spawn to first useful output: `fleet-rlm --help` against bare Python; `fleet-mcp` against an empty MCP server."""
-    repeats = 5 if b.quick else 7
+    repeats = 3 if b.quick else 7
     cli = cli_help(repeats)
     mcp_s, empty_s = mcp_first_reply_seconds(repeats)
     data = {"help_s": cli.wall, "python_s": cli.floor_wall, "help_cpu_s": cli.cpu, "python_cpu_s": cli.floor_cpu,
@@ -257,7 +258,7 @@ def cli_start(b: Bench) -> Result:
     context = b.work / "cli.txt"
     job.write_context(context)
     run_cmd = fleet.command(job, context, b.sim.base_url)
-    t = cli_latency.measure(run_cmd, fleet.env(b.sim.base_url), b.sim, 5 if b.quick else 9)
+    t = cli_latency.measure(run_cmd, fleet.env(b.sim.base_url), b.sim, 3 if b.quick else 9)
     slowest = max(t.reads, key=lambda name: t.reads[name][0])
     heaviest = max(t.reads, key=lambda name: t.reads[name][1])
     floor_wall, floor_cpu = t.read_floor
@@ -410,7 +411,7 @@ def desktop_launch(b: Bench) -> Result:
     """Spawn to a usable window (UI rendered and signed in, /health answered): `fleet desktop` against a
     bare pywebview window showing a static page (the floor), both Qt offscreen, interleaved in one run."""
     env = web.web_env(b.work / "desktop-home", b.sim.base_url, MODEL)
-    fleet_s, bare_s = desktop.launch_to_usable(env, 3 if b.quick else 5)
+    fleet_s, bare_s = desktop.launch_to_usable(env, 2 if b.quick else 5)
     gap = round(fleet_s - bare_s, 3)
     rows = [["`fleet desktop` usable window", f"{fleet_s:.3f} s", f"{bare_s:.3f} s (bare pywebview page)",
              f"{gap:+.3f} s", _x(_ratio(fleet_s, bare_s))]]  # fmt: skip

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.anyio
 
 MB = 1 << 20
 FRAME = 63 * MB  # one forged host call: just under the 64 MB a protocol message may have
+FRAMES = 10  # 630 MB in all: a host that kept them would cross either bound below by 180 MB or more
 # Reading one message costs a few transient copies of it (the pipe buffer, the line, its decoded
 # text, the parsed value) on top of whatever the host keeps; the bound is checked with that margin.
 READ_MARGIN = 5 * 64 * MB
@@ -110,11 +111,11 @@ async def test_forged_host_calls_hold_no_more_host_memory_than_the_budget(sandbo
     box = sandbox(host_functions={"hold": hold, "settle": settle}, host_call_mb=64)
     await box.execute("1")
     peak = PeakMemory()
-    result = await box.execute(FLOOD.format(size=FRAME, count=16, name="hold") + "settle()")
+    result = await box.execute(FLOOD.format(size=FRAME, count=FRAMES, name="hold") + "settle()")
     growth = peak.growth
     assert growth < 64 * MB + READ_MARGIN, f"the host grew by {growth / MB:.0f} MB"
     assert result.error is None, result.error
-    assert result.data == 1  # one 63 MB call fits in 64 MB: it ran; the other fifteen were refused
+    assert result.data == 1  # one 63 MB call fits in 64 MB: it ran; the other nine were refused
     assert (await box.execute("6 * 7")).data == 42  # the sandbox goes on
 
 
@@ -175,7 +176,7 @@ async def test_forged_sub_calls_in_a_run_never_reach_the_model_and_memory_stays_
 ) -> None:
     oracle.add(Scenario("warm up", ["SUBMIT(llm_query('The secret code is WARM'))"]))
     oracle.add(Scenario("flood the host", [
-        FLOOD.format(size=FRAME, count=16, name="llm_query") + "print('flooded')",
+        FLOOD.format(size=FRAME, count=FRAMES, name="llm_query") + "print('flooded')",
         "SUBMIT('still running')",
     ]))  # fmt: skip
     async with Engine() as engine:
