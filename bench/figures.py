@@ -85,9 +85,8 @@ def server_check(b: Bench) -> Result:
 def step_overhead(b: Bench) -> Result:
     """Wall time per step through the CLI at zero model latency: the 10th percentile of the intervals
     between one step's root request and the next, as the server sees them, over steps 10-60 of one run
-    (steps 2-12 at 100 MB), the lowest of three runs (two with --quick, which measures a crossed bound
-    again). It is the time each step adds to the run (model client, prompt building, sandbox, events,
-    progress output); start-up is left out by construction.
+    (steps 2-12 at 100 MB), the lowest of three runs. It is the time each step adds to the run (model
+    client, prompt building, sandbox, events, progress output); start-up is left out by construction.
     A low percentile, not the median: a busy machine delays some steps of the three processes a step
     crosses here (one in stock), while work added to every step moves every interval."""
     sizes = {"1KB": (1_000, 60), "1MB": (1_000_000, 60), "10MB": (10_000_000, 60), "100MB": (100_000_000, 12)}
@@ -101,7 +100,7 @@ def step_overhead(b: Bench) -> Result:
         skip = 10 if steps >= 60 else 2 if steps <= 12 else 5
         lows: dict[str, list[float]] = {name: [] for name in names}
         walls: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(2 if b.quick else 3):  # interleaved: drift in the machine's load hits every runtime alike
+        for _ in range(3):  # interleaved, so drift in the machine's load hits every runtime alike
             for name in names:
                 b.sim.reset()
                 out = b.run(name, job, timeout=900)

@@ -146,6 +146,38 @@ def role_model_and_base(values: Mapping[str, Any], role: Role) -> tuple[str | No
     return values.get(own_model) or model, values.get(own_base) or inherited
 
 
+def role_model(settings: Settings, role: Role) -> tuple[str, str | None]:
+    """The model and base URL ``role`` uses; refused with the fix when there is no model or LiteLLM
+    could not route its name, so that a run fails here and not at its first call."""
+    model, base = role_model_and_base(dict(settings), role)
+    if not model:
+        raise NoModelConfigured(
+            "No model configured: set FLEET_LM_MODEL to a LiteLLM model string "
+            "(e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama_chat/llama3.1), "
+            "or run `fleet-rlm config set lm_model <model>`."
+        )
+    provider, slash, name = model.strip().partition("/")
+    if slash:
+        routable = bool(provider.strip() and name.strip())
+    else:  # a bare name works only where LiteLLM knows which provider serves it (gpt-4o-mini)
+        import litellm
+
+        litellm.suppress_debug_info = True  # it would print a provider list on stdout
+        try:
+            litellm.get_llm_provider(model)
+            routable = True
+        except Exception:
+            routable = False
+    if not routable:
+        own_model = ROLE_FIELDS[role][0]
+        setting = env_name(own_model if getattr(settings, own_model) else "lm_model")
+        raise ConfigError(
+            f"{setting}={model!r} needs a provider and a model name, as in openai/gpt-4o-mini or "
+            "ollama_chat/llama3.1 (https://docs.litellm.ai/docs/providers lists the providers)."
+        )
+    return model, base
+
+
 def endpoint_of(values: Mapping[str, Any], role: Role) -> Endpoint | None:
     """Where ``role``'s requests go under ``values`` (settings, or one source's values); None: no model."""
     model, base = role_model_and_base(values, role)
@@ -248,8 +280,9 @@ class Settings(BaseSettings):
     )
     # OpenTelemetry export (core/telemetry.py); the standard OTEL_EXPORTER_OTLP_* variables work too.
     otel: bool | None = Field(
-        None, description="Export traces over OTLP/HTTP: true, false (even with OTEL_EXPORTER_OTLP_ENDPOINT set), "
-        "unset: only when OTEL_EXPORTER_OTLP_ENDPOINT or otel_endpoint is set."
+        None,
+        description="Export traces over OTLP/HTTP: true, false (even with OTEL_EXPORTER_OTLP_ENDPOINT set), "
+        "unset: only when OTEL_EXPORTER_OTLP_ENDPOINT or otel_endpoint is set.",
     )
     otel_endpoint: str | None = Field(
         None, description="OTLP/HTTP collector base URL (spans go to <url>/v1/traces); unset: the OTEL_ variables'."

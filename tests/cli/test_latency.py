@@ -90,3 +90,30 @@ def test_a_missing_daytona_key_is_refused_before_the_sdk_loads(fleet_env: dict, 
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2 and "error: the Daytona sandbox needs an API key" in done.stderr, done.stderr[-2000:]
     assert _loaded(done.stderr, ("daytona",)) == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--context", "{missing}"], "does not exist"),
+        (["--context", "{empty}"], "is empty"),
+        (["--session", "bad id!"], "session id 'bad id!'"),
+        (["--volume", "../x"], "volume"),
+        (["--text", "x"], "No model configured"),  # with FLEET_LM_MODEL unset
+    ],
+    ids=["missing-path", "empty-folder", "session-id", "volume-name", "no-model"],
+)
+def test_a_refused_run_is_refused_before_the_runtime_loads(
+    fleet_env: dict, tmp_path: Path, args: list[str], said: str
+) -> None:
+    """A mistake in the request or the settings costs a read command's time, not dspy's import."""
+    (tmp_path / "empty").mkdir()
+    env = {**os.environ, **fleet_env}
+    if said.startswith("No model"):
+        del env["FLEET_LM_MODEL"]
+    filled = [a.format(missing=tmp_path / "nope.txt", empty=tmp_path / "empty") for a in args]
+    cmd = [sys.executable, "-X", "importtime", str(BIN / "fleet-rlm"), "run", "hello", *filled]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    refusal = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert done.returncode == 2 and refusal[0].startswith("error: ") and said in refusal[0], refusal
+    assert _loaded(done.stderr, MODEL_RUNTIME) == set()

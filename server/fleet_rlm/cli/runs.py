@@ -43,9 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = settings_for(args)
     start_warm_up(settings)  # the sandbox's checks wait on other processes while dspy imports below
-    from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.views import cache_note
+    from fleet_rlm.core.admission import admit
     from fleet_rlm.types import RunRequest
+    from fleet_rlm.volumes import volumes_for
 
     paths, stdin_texts = read_stdin_contexts(args.context)
     req = RunRequest(
@@ -57,6 +57,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         include_hidden=args.include_hidden,
         **limit_overrides(args),
     )
+    admit(settings, req, lambda: volumes_for(settings))  # a mistake is refused before the runtime loads
+    from fleet_rlm.core.engine import Engine
+    from fleet_rlm.core.views import cache_note
 
     async def go() -> Any:
         async with Engine(settings) as engine:

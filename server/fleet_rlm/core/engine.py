@@ -10,11 +10,9 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import secrets
 import shutil
 import socket
-import stat
 import time
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
@@ -22,22 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.config import ConfigError, Settings, load_settings
-from fleet_rlm.core.context import ContextError, check_host_paths
+from fleet_rlm.core.admission import admit
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.telemetry import Telemetry, start_telemetry
 from fleet_rlm.core.workspace import Workspace
-from fleet_rlm.errors import Conflict, FleetError, UserError
-from fleet_rlm.sandbox.base import Sandbox, SandboxError, create_sandbox, get_backend
+from fleet_rlm.errors import Conflict, FleetError
+from fleet_rlm.sandbox.base import Sandbox, create_sandbox
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
 from fleet_rlm.types import Event, RunRequest, RunResult
-from fleet_rlm.volumes import Volumes, parse_volume_ref, volumes_for
+from fleet_rlm.volumes import Volumes, volumes_for
 from fleet_rlm.volumes.quota import volume_quota
 
 log = logging.getLogger(__name__)
-SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def new_id(prefix: str) -> str:
@@ -68,16 +65,6 @@ class Session:
     lost_state: bool = False  # the REPL died (or its process did) since the last run
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
-
-
-def _empty_folder(path: Path, spec: str) -> bool:
-    """Whether a host context path is an empty folder; ContextError when it is missing or the OS refuses it."""
-    try:
-        return stat.S_ISDIR(path.stat().st_mode) and next(path.iterdir(), None) is None
-    except (FileNotFoundError, NotADirectoryError):
-        raise ContextError(f"context path '{spec}' does not exist") from None
-    except OSError as exc:  # permission denied, a name too long for the file system, a loop of links
-        raise ContextError(f"context path '{spec}' cannot be used: {exc.strerror}") from None
 
 
 class Engine:
@@ -152,34 +139,10 @@ class Engine:
 
     def validate(self, req: RunRequest) -> None:
         """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
-        self.models()  # raises ConfigError with the fix when no model is set
+        admit(self.settings, req, lambda: self.volumes)
+        self.models()  # the LMs themselves: dspy refuses some settings (a small max_tokens for reasoning models)
         self.check_cost_cap(limits_for(req, self.settings).max_cost)
-        try:  # never run somewhere other than asked
-            backend = get_backend(self.settings.sandbox)
-        except SandboxError as exc:
-            raise ConfigError(f"{exc}: set FLEET_SANDBOX=local") from None
-        if backend.check is not None:  # e.g. Daytona without a key: refused before a run exists
-            backend.check(self.settings)
-        if req.volume is not None:
-            self.volumes.check_name(req.volume)
-        roots = self.settings.allowed_context_roots
-        host_paths = []
-        for spec in req.context_paths:
-            ref = parse_volume_ref(spec)
-            if ref is not None:
-                self.volumes.stat(*ref)  # NotFound names the volume or file, with the fix
-                continue
-            path = Path(spec).expanduser()
-            if _empty_folder(path, spec):
-                raise ContextError(f"context folder '{spec}' is empty: give a folder with files in it")
-            if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
-                raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
-            host_paths.append(spec)
-        if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text:
-            check_host_paths(host_paths, roots, req.include_hidden)  # a mistake, not a failed run
         if req.session_id and req.session_id not in self._sessions:
-            if not SESSION_ID.fullmatch(req.session_id):
-                raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
             row = self._require_store().sessions.get(req.session_id)
             if row is not None and row.closed_at is not None:
                 raise Conflict(f"session '{req.session_id}' is closed: use a new session id")

@@ -37,14 +37,12 @@ from dspy.utils.exceptions import (
 )
 
 from fleet_rlm.config import (
-    ROLE_FIELDS,
     ConfigError,
-    NoModelConfigured,
     Role,
     Settings,
-    env_name,
     key_for,
     provider_of,
+    role_model,
     role_model_and_base,
 )
 from fleet_rlm.core import tape
@@ -288,39 +286,10 @@ def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
     return usage
 
 
-def _check_model_name(model: str, setting: str) -> None:
-    """A model string LiteLLM cannot route fails here, with the form it needs, not at the first call."""
-    provider, slash, name = model.strip().partition("/")
-    if slash:
-        routable = bool(provider.strip() and name.strip())
-    else:  # a bare name works only where LiteLLM knows which provider serves it (gpt-4o-mini)
-        import litellm
-
-        litellm.suppress_debug_info = True  # it would print a provider list on stdout
-        try:
-            litellm.get_llm_provider(model)
-            routable = True
-        except Exception:
-            routable = False
-    if not routable:
-        raise ConfigError(
-            f"{setting}={model!r} needs a provider and a model name, as in openai/gpt-4o-mini or "
-            "ollama_chat/llama3.1 (https://docs.litellm.ai/docs/providers lists the providers)."
-        )
-
-
 def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
     """The LM of ``role``: the root, the sub model of llm_query or the workspace agent, each unset
     part of the latter two from the root's. Its key is the one bound to its endpoint, if any."""
-    model, api_base = role_model_and_base(dict(settings), role)
-    if not model:
-        raise NoModelConfigured(
-            "No model configured: set FLEET_LM_MODEL to a LiteLLM model string "
-            "(e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5, ollama_chat/llama3.1), "
-            "or run `fleet-rlm config set lm_model <model>`."
-        )
-    own_model = ROLE_FIELDS[role][0]
-    _check_model_name(model, env_name(own_model if getattr(settings, own_model) else "lm_model"))
+    model, api_base = role_model(settings, role)
     key = key_for(settings, role)
     api_key = key.value
     if api_base and not api_key:
