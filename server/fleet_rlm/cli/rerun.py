@@ -87,10 +87,9 @@ def _where(first: Any) -> str:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
+    code = _read_code(args.code) if args.code is not None else None  # a missing file is said before dspy loads
     from fleet_rlm.core.engine import Engine
     from fleet_rlm.core.views import lineage_line
-
-    code = _read_code(args.code) if args.code is not None else None
 
     async def go() -> Any:
         async with Engine(settings_for(args)) as engine:

@@ -21,8 +21,8 @@ SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -> None:
     """Refuse the request with the fix, or return. ``volumes`` is called only when the request names
-    one: a Daytona-backed store is not worth opening otherwise. The engine adds what needs its state
-    (the models built, a closed session) in ``Engine.validate``."""
+    one: a Daytona-backed store is not worth opening otherwise. ``Engine.validate`` adds what needs
+    its state (the models built, a closed session) or a walk of the context folders (``text_to_read``)."""
     role_model(settings, "root")  # no model, or a name no provider serves
     role_model(settings, "sub")
     try:  # never run somewhere other than asked
@@ -34,7 +34,6 @@ def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -
     if req.volume is not None:
         volumes().check_name(req.volume)
     roots = settings.allowed_context_roots
-    host_paths = []
     for spec in req.context_paths:
         ref = parse_volume_ref(spec)
         if ref is not None:
@@ -45,9 +44,6 @@ def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -
             raise ContextError(f"context folder '{spec}' is empty: give a folder with files in it")
         if roots is not None and not any(path.resolve().is_relative_to(root) for root in roots):
             raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
-        host_paths.append(spec)
-    if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text:
-        check_host_paths(host_paths, roots, req.include_hidden)  # a mistake, not a failed run
     if req.session_id and not SESSION_ID.fullmatch(req.session_id):
         raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
 
@@ -60,3 +56,11 @@ def _empty_folder(path: Path, spec: str) -> bool:
         raise ContextError(f"context path '{spec}' does not exist") from None
     except OSError as exc:  # permission denied, a name too long for the file system, a loop of links
         raise ContextError(f"context path '{spec}' cannot be used: {exc.strerror}") from None
+
+
+def text_to_read(settings: Settings, req: RunRequest) -> None:
+    """Refuse host paths that would stage no text at all (a folder of only binaries): a mistake, not a
+    failed run. It lists the folders, so the engine checks it once, not each caller of ``admit``."""
+    host_paths = [spec for spec in req.context_paths if parse_volume_ref(spec) is None]
+    if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text:
+        check_host_paths(host_paths, settings.allowed_context_roots, req.include_hidden)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_rlm.config import ConfigError, Settings, load_settings
-from fleet_rlm.core.admission import admit
+from fleet_rlm.core.admission import admit, text_to_read
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
@@ -140,6 +140,7 @@ class Engine:
     def validate(self, req: RunRequest) -> None:
         """Fail fast, before a run exists, on anything the user can fix (RunRequest checked its own fields)."""
         admit(self.settings, req, lambda: self.volumes)
+        text_to_read(self.settings, req)
         self.models()  # the LMs themselves: dspy refuses some settings (a small max_tokens for reasoning models)
         self.check_cost_cap(limits_for(req, self.settings).max_cost)
         if req.session_id and req.session_id not in self._sessions:
