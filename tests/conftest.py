@@ -52,7 +52,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` each test runs on whichever worker is free, except tests that share
     one of our module- or session-scoped fixtures (a browser, a served app, the Daytona double) or an
-    ``xdist_group`` marker: they stay on one worker, so the fixture is built once."""
+    ``xdist_group`` marker: they stay on one worker, so the fixture is built once. The slow single
+    tests are sent out before the quick ones, so the last minute is not one soak on one worker."""
     grouping = bool(getattr(config, "workerinput", None)) and config.getvalue("loadgroup")
     for item in items:
         fixtures = getattr(item, "_fixtureinfo", None)
@@ -62,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")})
         if grouping and groups:
             _put_in_group(item, "_".join(groups))
+    if grouping:  # groups go out largest first; of the single tests, the slow ones go first (stable sort)
+        items.sort(key=lambda item: "@" in item.nodeid or item.get_closest_marker("slow") is None)
 
 
 def _put_in_group(item: pytest.Item, group: str) -> None:
