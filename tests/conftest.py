@@ -63,8 +63,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups = sorted({str(m.args[0]) for m in item.iter_markers("xdist_group")})
         if grouping and groups:
             _put_in_group(item, "_".join(groups))
-    if grouping:  # groups go out largest first; of the single tests, the slow ones go first (stable sort)
-        items.sort(key=lambda item: "@" in item.nodeid or item.get_closest_marker("slow") is None)
+    if grouping:  # xdist sends groups out largest first, then the rest in this order: slow ones first
+        scope = {item: item.nodeid.rpartition("@")[2] for item in items}  # as xdist's loadgroup reads it
+        slow = {scope[item] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: scope[item] not in slow)  # stable: a group's tests keep their order
 
 
 def _put_in_group(item: pytest.Item, group: str) -> None:
