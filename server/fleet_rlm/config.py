@@ -125,14 +125,21 @@ def provider_of(model: str) -> str:
     prefix, slash, _ = model.strip().partition("/")
     if slash:
         return prefix.strip().lower()
+    # unknown to LiteLLM: a provider of its own, equal only to itself
+    return _litellm_provider(model.strip()) or model.strip().lower()
+
+
+def _litellm_provider(bare: str) -> str | None:
+    """The provider LiteLLM routes a bare model name (gpt-4o-mini) to, None if it knows none. LiteLLM
+    takes seconds to import: only bare names ask it."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
-    try:  # a bare name (gpt-4o-mini): LiteLLM knows its provider; imported only for these
+    try:
         import litellm
 
-        litellm.suppress_debug_info = True
-        return str(litellm.get_llm_provider(model.strip())[1])
+        litellm.suppress_debug_info = True  # it would print a provider list on stdout
+        return str(litellm.get_llm_provider(bare)[1])
     except Exception:
-        return model.strip().lower()  # unknown to LiteLLM: a provider of its own, equal only to itself
+        return None
 
 
 def role_model_and_base(values: Mapping[str, Any], role: Role) -> tuple[str | None, str | None]:
@@ -157,17 +164,8 @@ def role_model(settings: Settings, role: Role) -> tuple[str, str | None]:
             "or run `fleet-rlm config set lm_model <model>`."
         )
     provider, slash, name = model.strip().partition("/")
-    if slash:
-        routable = bool(provider.strip() and name.strip())
-    else:  # a bare name works only where LiteLLM knows which provider serves it (gpt-4o-mini)
-        import litellm
-
-        litellm.suppress_debug_info = True  # it would print a provider list on stdout
-        try:
-            litellm.get_llm_provider(model)
-            routable = True
-        except Exception:
-            routable = False
+    # a bare name works only where LiteLLM knows which provider serves it (gpt-4o-mini)
+    routable = bool(provider.strip() and name.strip()) if slash else _litellm_provider(model) is not None
     if not routable:
         own_model = ROLE_FIELDS[role][0]
         setting = env_name(own_model if getattr(settings, own_model) else "lm_model")

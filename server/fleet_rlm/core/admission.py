@@ -4,6 +4,7 @@ imports the runtime, so a refused `fleet-rlm run` answers in a read command's ti
 
 from __future__ import annotations
 
+import functools
 import re
 import stat
 from collections.abc import Callable
@@ -23,6 +24,7 @@ def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -
     """Refuse the request with the fix, or return. ``volumes`` is called only when the request names
     one: a Daytona-backed store is not worth opening otherwise. ``Engine.validate`` adds what needs
     its state (the models built, a closed session) or a walk of the context folders (``text_to_read``)."""
+    volumes = functools.cache(volumes)  # one store for every volume the request names
     role_model(settings, "root")  # no model, or a name no provider serves
     role_model(settings, "sub")
     try:  # never run somewhere other than asked
