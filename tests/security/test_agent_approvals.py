@@ -8,11 +8,14 @@ the model server's request count):
 * a card that names another file than the tool writes;
 * a terminal prompt that approves on the first letter of an unrelated line, and the web and MCP
   decisions that take anything truthy for yes;
-* a cost cap on a model without a known price, auto-approved and then never enforced.
+* a cost cap on a model without a known price, auto-approved and then never enforced;
+* a card checked when shown, not when run: two cards both said "new file", both were approved, the
+  second write replaced the first and the audit still said "new file".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -36,7 +39,7 @@ from mcp import Client
 from tests.agent.conftest import agent_env, agent_lm, engine, memory_file, subprocess_env  # noqa: F401 - fixtures
 from tests.agent.test_cli import agent_chat
 from tests.cli.terminal import Terminal
-from tests.support.agent_lm import AgentLM, Call, Policy, Say
+from tests.support.agent_lm import AgentLM, Call, Calls, Policy, Say
 from tests.support.asgi_server import serve_asgi
 from tests.support.oracle_lm import OracleLM, Scenario
 
@@ -189,13 +192,101 @@ async def test_memory_card_names_the_file_the_tool_writes_and_says_overwrite(
     conv = await host.create_conversation()
     paused = await host.chat(conv.id, "note a1")
     [card] = paused.pending
-    assert card.summary == "overwrite vol:workspace/memory/a1.md (9 bytes now) with 8 bytes: 'new note'"
+    sha = hashlib.sha256(b"old note\n").hexdigest()[:16]
+    assert card.summary == f"overwrite vol:workspace/memory/a1.md (9 bytes now, sha256 {sha}) with 8 bytes: 'new note'"
     _, feed = await host.answer(card.id, True, actor="test")
     done = await feed.outcome()
     assert done.reply == "wrote 8 bytes to vol:workspace/memory/a1.md", done
     memory = Path(agent_env["FLEET_HOME"]) / "volumes" / "workspace" / "memory"
     assert (memory / "a1.md").read_text() == "new note"
     assert not (memory / "memory").exists()
+
+
+# -- 4b. the card is checked again when the call runs ------------------------------------------------
+
+
+def note(trigger: str, text: str, path: str = "a1.md") -> Policy:
+    return Policy(trigger, [Call("write_memory", {"path": path, "text": text}), Say(lambda r: f"Result: {r.result}")])
+
+
+def refusals(host: AgentHost, conversation_id: str) -> list[Any]:
+    return [e for e in host.audit(conversation_id).entries if e.action == "refused"]
+
+
+async def test_two_new_file_cards_for_one_path_the_second_is_refused_when_it_runs(
+    engine: Engine,  # noqa: F811
+    agent_lm: AgentLM,  # noqa: F811
+    agent_env: dict[str, str],  # noqa: F811
+) -> None:
+    agent_lm.add(note("note a1 first", "first note"))
+    agent_lm.add(note("note a1 second", "second note"))
+    host = AgentHost.of(engine)
+    one, two = await host.create_conversation(volume="xv"), await host.create_conversation(volume="xv")
+    [first] = (await host.chat(one.id, "note a1 first")).pending
+    [second] = (await host.chat(two.id, "note a1 second")).pending
+    assert first.summary == "write 10 bytes to new file vol:xv/memory/a1.md: 'first note'"
+    assert second.summary == "write 11 bytes to new file vol:xv/memory/a1.md: 'second note'"
+    _, feed = await host.answer(first.id, True, actor="test")
+    assert (await feed.outcome()).reply == "Result: wrote 10 bytes to vol:xv/memory/a1.md"
+    _, feed = await host.answer(second.id, True, actor="test")
+    refused = (await feed.outcome()).reply
+    assert "vol:xv/memory/a1.md changed since the approval card was shown" in refused, refused
+    assert "a new card is needed" in refused, refused
+    note_file = Path(agent_env["FLEET_HOME"]) / "volumes" / "xv" / "memory" / "a1.md"
+    assert note_file.read_text() == "first note"
+    [entry] = refusals(host, two.id)
+    assert entry.approval_id == second.id and "changed since the approval card was shown" in (entry.reason or "")
+    assert refusals(host, one.id) == []
+    # Asked again, the new card says what the write now does.
+    [again] = (await host.chat(two.id, "note a1 second")).pending
+    sha = hashlib.sha256(b"first note").hexdigest()[:16]
+    assert again.summary.startswith(f"overwrite vol:xv/memory/a1.md (10 bytes now, sha256 {sha}) with 11 bytes")
+
+
+async def test_two_new_file_calls_of_one_turn_run_together_and_only_the_first_writes(
+    engine: Engine,  # noqa: F811
+    agent_lm: AgentLM,  # noqa: F811
+    agent_env: dict[str, str],  # noqa: F811
+) -> None:
+    both = [Call("write_memory", {"path": "a1.md", "text": t}) for t in ("left note", "right note")]
+    agent_lm.add(Policy("note a1 twice", [Calls(both), Say("done")]))
+    host = AgentHost.of(engine)
+    conv = await host.create_conversation(volume="xv")
+    cards = (await host.chat(conv.id, "note a1 twice")).pending
+    assert [c.summary.split(":")[0] for c in cards] == [
+        "write 9 bytes to new file vol",
+        "write 10 bytes to new file vol",
+    ]
+    await host.answer(cards[0].id, True, actor="test")
+    _, feed = await host.answer(cards[1].id, True, actor="test")  # the last one: both run now, concurrently
+    assert (await feed.outcome()).status == "done"
+    note_file = Path(agent_env["FLEET_HOME"]) / "volumes" / "xv" / "memory" / "a1.md"
+    written = note_file.read_text()
+    assert written in ("left note", "right note")
+    [entry] = refusals(host, conv.id)
+    loser = next(c for c in cards if c.summary.endswith(repr("right note" if written == "left note" else "left note")))
+    assert entry.approval_id == loser.id and "changed since the approval card was shown" in (entry.reason or "")
+
+
+async def test_an_overwrite_card_refuses_when_the_file_changed_even_at_the_same_size(
+    engine: Engine,  # noqa: F811
+    agent_lm: AgentLM,  # noqa: F811
+    agent_env: dict[str, str],  # noqa: F811
+) -> None:
+    engine.volumes.write("workspace", "memory/a1.md", "old note\n")
+    agent_lm.add(note("note a1", "new note"))
+    host = AgentHost.of(engine)
+    conv = await host.create_conversation()
+    [card] = (await host.chat(conv.id, "note a1")).pending
+    assert card.summary.startswith("overwrite vol:workspace/memory/a1.md (9 bytes now, sha256 ")
+    engine.volumes.write("workspace", "memory/a1.md", "OLD NOTE\n")  # the sandbox, say: same size
+    _, feed = await host.answer(card.id, True, actor="test")
+    refused = (await feed.outcome()).reply
+    assert "changed since the approval card was shown" in refused and "a new card is needed" in refused, refused
+    memory = Path(agent_env["FLEET_HOME"]) / "volumes" / "workspace" / "memory"
+    assert (memory / "a1.md").read_text() == "OLD NOTE\n"
+    [entry] = refusals(host, conv.id)
+    assert entry.approval_id == card.id
 
 
 # -- 5. answers are whole words, on every face --------------------------------------------------------

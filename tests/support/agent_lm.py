@@ -44,6 +44,13 @@ class Call:
 
 
 @dataclass
+class Calls:
+    """Several tool calls in one reply (the framework runs them concurrently)."""
+
+    calls: list[Call]
+
+
+@dataclass
 class Say:
     text: str | Callable[[Reply], str]
 
@@ -51,7 +58,7 @@ class Say:
 @dataclass
 class Policy:
     trigger: str
-    steps: list[Call | Say]
+    steps: list[Call | Calls | Say]
 
 
 @dataclass
@@ -77,7 +84,7 @@ def _text(content: Any) -> str:
     return str(content or "")
 
 
-def choose(state: _State, messages: list[dict[str, Any]]) -> Call | Say:
+def choose(state: _State, messages: list[dict[str, Any]]) -> Call | Calls | Say:
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     question = _text(messages[last_user].get("content")) if last_user >= 0 else ""
     since = messages[last_user + 1 :]
@@ -89,9 +96,18 @@ def choose(state: _State, messages: list[dict[str, Any]]) -> Call | Say:
             reply = Reply(results[-1] if results else None)
             if isinstance(chosen, Say):
                 return Say(chosen.text(reply) if callable(chosen.text) else chosen.text)
-            args = chosen.arguments(reply) if callable(chosen.arguments) else chosen.arguments
-            return Call(chosen.tool, args)
+            if isinstance(chosen, Calls):
+                return Calls([_bound(c, reply) for c in chosen.calls])
+            return _bound(chosen, reply)
     return Say(f"I have no script for: {question[:80]}")
+
+
+def _bound(call: Call, reply: Reply) -> Call:
+    return Call(call.tool, call.arguments(reply) if callable(call.arguments) else call.arguments)
+
+
+def _tool_calls(step: Call | Calls) -> list[Call]:
+    return step.calls if isinstance(step, Calls) else [step]
 
 
 class AgentLM(LoopbackServer):
@@ -142,7 +158,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_json(200, _completion(model, step, call_id))
 
-        def _stream(self, model: str, step: Call | Say, call_id: str) -> None:
+        def _stream(self, model: str, step: Call | Calls | Say, call_id: str) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -164,20 +180,24 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _deltas(step: Call | Say, call_id: str) -> list[tuple[dict[str, Any], str | None]]:
+def _deltas(step: Call | Calls | Say, call_id: str) -> list[tuple[dict[str, Any], str | None]]:
     if isinstance(step, Say):
         text = str(step.text)
         words = text.split(" ")
         pieces = [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
         return [({"role": "assistant", "content": p}, None) for p in pieces] + [({}, "stop")]
-    args = json.dumps(step.arguments)
-    half = len(args) // 2
-    first = {"index": 0, "id": call_id, "type": "function", "function": {"name": step.tool, "arguments": args[:half]}}
-    rest = {"index": 0, "function": {"arguments": args[half:]}}
-    return [({"role": "assistant", "tool_calls": [first]}, None), ({"tool_calls": [rest]}, None), ({}, "tool_calls")]
+    out: list[tuple[dict[str, Any], str | None]] = []
+    for i, call in enumerate(_tool_calls(step)):
+        args = json.dumps(call.arguments)
+        half = len(args) // 2
+        function = {"name": call.tool, "arguments": args[:half]}
+        first = {"index": i, "id": f"{call_id}_{i}" if i else call_id, "type": "function", "function": function}
+        rest = {"index": i, "function": {"arguments": args[half:]}}
+        out += [({"role": "assistant", "tool_calls": [first]}, None), ({"tool_calls": [rest]}, None)]
+    return [*out, ({}, "tool_calls")]
 
 
-def _completion(model: str, step: Call | Say, call_id: str) -> dict[str, Any]:
+def _completion(model: str, step: Call | Calls | Say, call_id: str) -> dict[str, Any]:
     if isinstance(step, Say):
         message: dict[str, Any] = {"role": "assistant", "content": str(step.text)}
         finish = "stop"
@@ -187,10 +207,11 @@ def _completion(model: str, step: Call | Say, call_id: str) -> dict[str, Any]:
             "content": None,
             "tool_calls": [
                 {
-                    "id": call_id,
+                    "id": f"{call_id}_{i}" if i else call_id,
                     "type": "function",
-                    "function": {"name": step.tool, "arguments": json.dumps(step.arguments)},
+                    "function": {"name": call.tool, "arguments": json.dumps(call.arguments)},
                 }
+                for i, call in enumerate(_tool_calls(step))
             ],
         }
         finish = "tool_calls"

@@ -9,6 +9,7 @@ folder where the double keeps its volumes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Callable
@@ -21,7 +22,8 @@ import pytest
 from fleet_rlm import errors
 from fleet_rlm.config import Settings
 from fleet_rlm.volumes import DURABLE_ROOTS, volumes_for
-from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
+from fleet_rlm.volumes.base import Expect
+from fleet_rlm.volumes.safepath import VolumeChanged, VolumeError, VolumeNotFound
 
 STORES = ["local", "daytona"]
 REFUSED_PATHS = ["../x", "memory/../../x", "..", "/etc/passwd", "\\etc", "C:\\x", "memory/a\x00b"]
@@ -101,6 +103,27 @@ def test_write_and_read_back_bytes_and_text(store: Store) -> None:
         vols.read("notes", "artifacts/b.bin", offset=-1)
     vols.write("notes", "memory/sub/a.md", "v2")  # a whole file replaced
     assert vols.read_text("notes", "memory/sub/a.md") == "v2"
+
+
+def test_a_conditional_write_writes_only_over_the_file_it_expects(store: Store) -> None:
+    # What an approval card showed: no file (a new file), or a file with this content. Anything else
+    # there when the write happens is refused, and the file is left as it is.
+    vols, new = store.volumes, Expect(sha256=None)
+    vols.write("notes", "memory/a.md", "first", expect=new)
+    with pytest.raises(VolumeChanged, match="changed"):
+        vols.write("notes", "memory/a.md", "second", expect=new)
+    assert vols.read("notes", "memory/a.md") == b"first"
+    first = Expect(hashlib.sha256(b"first").hexdigest())
+    vols.write("notes", "memory/a.md", "third", expect=first)
+    with pytest.raises(VolumeChanged, match="changed"):
+        vols.write("notes", "memory/a.md", "fourth", expect=first)  # it holds "third" now
+    assert vols.read("notes", "memory/a.md") == b"third"
+    with pytest.raises(VolumeChanged, match="changed"):
+        vols.write("notes", "memory/b.md", "x", expect=first)  # expected a file where there is none
+    with pytest.raises(VolumeError):
+        vols.write("notes", "memory", "x", expect=new)  # a folder is something too
+    assert sorted(e["path"] for e in vols.list_files("notes", "memory")) == ["memory/a.md"]
+    assert issubclass(VolumeChanged, errors.Conflict)
 
 
 def test_open_file_gives_an_fd_of_the_file(store: Store) -> None:

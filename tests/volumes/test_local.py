@@ -333,3 +333,21 @@ def test_random_paths_never_leave_the_volume(tmp_path: Path, path: str, data: by
     after = {p for p in outside.rglob("*") if not p.is_relative_to(vol)}
     assert after == before, "something was created or removed outside the volume"
     (vol / "memory" / "out").unlink(missing_ok=True)
+
+
+def test_a_new_file_write_never_follows_or_replaces_a_link_and_leaves_no_temp_file(
+    vols: LocalVolumes, tmp_path: Path
+) -> None:
+    from fleet_rlm.volumes.base import Expect
+    from fleet_rlm.volumes.safepath import VolumeChanged
+
+    vol = vols.ensure("notes")
+    (vol / "memory" / "dangling.md").symlink_to(tmp_path / "outside.md")  # points at nothing yet
+    with pytest.raises(VolumeError):
+        vols.write("notes", "memory/dangling.md", "x", expect=Expect(None))
+    assert not (tmp_path / "outside.md").exists() and (vol / "memory" / "dangling.md").is_symlink()
+    vols.write("notes", "memory/a.md", "one", expect=Expect(None))
+    with pytest.raises(VolumeChanged):
+        vols.write("notes", "memory/a.md", "two", expect=Expect(None))
+    assert sorted(p.name for p in (vol / "memory").iterdir()) == ["a.md", "dangling.md"]  # no temp file left
+    assert mode(vol / "memory" / "a.md") == 0o600

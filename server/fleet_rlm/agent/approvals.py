@@ -10,11 +10,19 @@ an enforceable cost cap within the threshold; then the turn resumes. The gate (a
 record the authority: such a tool runs only when its call has an approved record that has not run yet,
 claimed in one store transaction, so a rejected, expired, unknown or replayed call never runs. A
 rejection is answered by the gate with the person's reason, which the model reads as the tool's result.
+A card that shows a file's state (``write_memory``: a new file, or the file it replaces with its size and
+digest) is checked again when the call runs: the gate makes the card anew and refuses the call when it
+differs, and the write itself happens only over the file the card showed (``volumes.Expect``: a new file
+only where nothing is), so a change in between is refused too. A refusal is audited and says a new card
+is needed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import os
 import shlex
 import unicodedata
 from collections.abc import Awaitable, Callable
@@ -22,11 +30,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from agent_framework import FunctionInvocationContext, FunctionMiddleware
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator
 
-from fleet_rlm.agent.tools import buffer_name, memory_target, repo_folder, volume_name
+from fleet_rlm.agent.tools import SHOWN_FILE, buffer_name, memory_target, repo_folder, volume_name
 from fleet_rlm.errors import FleetError, NotFound
-from fleet_rlm.redaction import holds_known_secret
+from fleet_rlm.redaction import holds_known_secret, redact_known
+from fleet_rlm.volumes import Expect, VolumeChanged
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -34,6 +43,8 @@ if TYPE_CHECKING:
 
 SHOWN_CHARS = 500  # the longest command, argument or path a card shows whole
 SHOWN_CALL_CHARS = 2000  # the longest arguments of another tool (an MCP server's) a card shows whole
+DIGEST_CHARS = 16  # of a file's sha256 on a card: which version of the file a write replaces
+CHECKED_WHEN_RUN = frozenset({"write_memory"})  # tools whose card shows a file's state, made anew when they run
 
 # -- what a person answers ---------------------------------------------------------------------------
 
@@ -75,10 +86,14 @@ YesNo = Annotated[bool, BeforeValidator(yes_no)]
 @dataclass(frozen=True)
 class Card:
     """What a person is shown of a call: one line saying exactly what it will do, and why it cannot be
-    approved when that line cannot show the call exactly (None: it can)."""
+    approved when that line cannot show the call exactly (None: it can). A card of a file write also says
+    which file (``target``, ``vol:NAME/PATH``) and what the write may replace as shown (``expect``; None
+    when the card says it will fail)."""
 
     summary: str
     blocked: str | None = None
+    target: str | None = None
+    expect: Expect | None = None
 
 
 @dataclass
@@ -105,8 +120,8 @@ class _Shown:
             self.problems.append(f"{what} contains a configured secret")
         return repr(text if len(text) <= 80 else text[:80] + "…")
 
-    def card(self, summary: str) -> Card:
-        return Card(summary, "; ".join(self.problems) or None)
+    def card(self, summary: str, target: str | None = None, expect: Expect | None = None) -> Card:
+        return Card(summary, "; ".join(self.problems) or None, target, expect)
 
 
 def _hidden(char: str) -> bool:
@@ -121,7 +136,7 @@ def approval_card(tool: str, args: dict[str, Any], engine: Engine, volume: str) 
     shown = _Shown()
     vol = shown.exact("the volume", args.get("volume") or volume)
     if tool == "write_memory":
-        return shown.card(_memory_summary(shown, args, engine, vol))
+        return _memory_card(shown, args, engine, vol)
     if tool == "add_context_from_url":
         name = args.get("name")
         file = shown.exact("the file name", buffer_name(name, ".txt")) if name else "(named after the page)"
@@ -149,21 +164,33 @@ def approval_card(tool: str, args: dict[str, Any], engine: Engine, volume: str) 
     return shown.card(f"call {tool}({shown.exact('the arguments', args, SHOWN_CALL_CHARS)})")
 
 
-def _memory_summary(shown: _Shown, args: dict[str, Any], engine: Engine, vol: str) -> str:
+def _memory_card(shown: _Shown, args: dict[str, Any], engine: Engine, vol: str) -> Card:
     text = str(args.get("text") or "")
     size, preview = f"{len(text.encode())} bytes", shown.content("the note", text)
     rel = shown.exact("the path", memory_target(str(args.get("path") or "")))
     where = f"vol:{vol}/{rel}"
     try:
-        entry = engine.workspace.file_entry(volume_name(engine, vol, None), rel)
+        name = volume_name(engine, vol, None)
+        entry = engine.workspace.file_entry(name, rel)
+        version = _version(engine, name, rel) if entry.type == "file" else None
     except NotFound:
-        return f"write {size} to new file {where}: {preview}"
+        return shown.card(f"write {size} to new file {where}: {preview}", where, Expect(sha256=None))
     except FleetError as exc:  # the tool will be refused the same way
-        return f"write {size} to {where}, which will fail ({exc.message}): {preview}"
-    now = f"{entry.size} bytes now" if entry.type == "file" else f"a {entry.type} now"
+        return shown.card(f"write {size} to {where}, which will fail ({exc.message}): {preview}", where)
+    if version is None:
+        now, expect = f"a {entry.type} now", None
+    else:
+        now, expect = f"{version[0]} bytes now, sha256 {version[1][:DIGEST_CHARS]}", Expect(version[1])
     if args.get("append"):
-        return f"append {size} to {where} ({now}): {preview}"
-    return f"overwrite {where} ({now}) with {size}: {preview}"
+        return shown.card(f"append {size} to {where} ({now}): {preview}", where, expect)
+    return shown.card(f"overwrite {where} ({now}) with {size}: {preview}", where, expect)
+
+
+def _version(engine: Engine, volume: str, rel: str) -> tuple[int, str]:
+    """The size and sha256 of a regular file of a volume (opened without following a link)."""
+    fd, st = engine.workspace.open_file(volume, rel)
+    with os.fdopen(fd, "rb") as f:
+        return st.st_size, hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _run_summary(shown: _Shown, args: dict[str, Any], engine: Engine) -> str:
@@ -230,11 +257,21 @@ def rejected_text(approval: Approval) -> str:
     )
 
 
-class ApprovalGate(FunctionMiddleware):
-    """Runs a tool that needs approval only under an approved, not yet executed record of its call."""
+def changed_text(target: str, tool: str, why: str) -> str:
+    """What the model reads when a call's card no longer holds when it runs."""
+    return (
+        f"Not done: {target} changed since the approval card was shown ({why}), so the approval does not "
+        f"hold and a new card is needed: call {tool} again to ask the user with the file as it is now."
+    )
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+
+class ApprovalGate(FunctionMiddleware):
+    """Runs a tool that needs approval only under an approved, not yet executed record of its call, and
+    a file write only while its card still holds."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.store: Store = engine.workspace.store
 
     async def process(self, context: FunctionInvocationContext, call_next: Callable[[], Awaitable[None]]) -> None:
         if getattr(context.function, "approval_mode", None) != "always_require":
@@ -252,8 +289,42 @@ class ApprovalGate(FunctionMiddleware):
         if approval.status != "approved":
             context.result = f"Not done: the approval is {approval.status}."
             return
+        card = None
+        if approval.tool in CHECKED_WHEN_RUN:
+            card = await asyncio.to_thread(self._card_now, approval, _arguments(context))
+            if redact_known(card.summary) != approval.summary:
+                why = f"the card said {approval.summary!r}; now it would say {redact_known(card.summary)!r}"
+                await self._refuse(context, approval, card, why)
+                return
         claimed = await self.store.write(self.store.agent.claim_execution, approval_id)
         if claimed is None:
             context.result = "Not run again: this approved call ran already."
             return
-        await call_next()
+        shown = SHOWN_FILE.set(card.expect if card else None)
+        try:
+            await call_next()
+        except VolumeChanged as exc:  # changed between the check above and the write
+            if card is None:
+                raise
+            await self._refuse(context, approval, card, exc.message)
+        finally:
+            SHOWN_FILE.reset(shown)
+
+    def _card_now(self, approval: Approval, args: dict[str, Any]) -> Card:
+        conversation = self.store.agent.get_conversation(approval.conversation_id)
+        volume = conversation.volume if conversation else self.engine.settings.agent_volume
+        return approval_card(approval.tool, args, self.engine, volume)
+
+    async def _refuse(self, context: FunctionInvocationContext, approval: Approval, card: Card, why: str) -> None:
+        target = card.target or "the file"
+        reason = f"{target} changed since the approval card was shown: {why}"
+        await self.store.write(self.store.agent.refuse_execution, approval.id, reason)
+        context.result = changed_text(target, approval.tool, why)
+
+
+def _arguments(context: FunctionInvocationContext) -> dict[str, Any]:
+    """The arguments the tool will be called with, as a dict."""
+    args = context.arguments
+    if isinstance(args, BaseModel):
+        return args.model_dump()
+    return dict(args or {})

@@ -14,6 +14,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,7 +24,7 @@ from pydantic import Field
 from fleet_rlm.core import operations
 from fleet_rlm.errors import FleetError, NotFound, TooLarge, UserError
 from fleet_rlm.limits import MAX_COST
-from fleet_rlm.volumes import parse_volume_ref
+from fleet_rlm.volumes import Expect, VolumeChanged, parse_volume_ref
 
 if TYPE_CHECKING:
     from fleet_rlm.core.engine import Engine
@@ -36,6 +37,9 @@ MEMORY_MAX_BYTES = 1024 * 1024
 PROGRESS_SECONDS = 0.5
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MCP_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+# The file an approved write_memory call may replace, as its approval card showed it (none: a new file only):
+# set by the approval gate around the call it runs (approvals.ApprovalGate); None, no condition.
+SHOWN_FILE: ContextVar[Expect | None] = ContextVar("fleet_shown_file", default=None)
 
 
 @dataclass
@@ -80,6 +84,8 @@ def _friendly(fn: Callable[..., Awaitable[str]]) -> Callable[..., Awaitable[str]
     async def call(*args: Any, **kwargs: Any) -> str:
         try:
             return await fn(*args, **kwargs)
+        except VolumeChanged:  # a file write whose card no longer holds: the gate refuses it and audits that
+            raise
         except FleetError as exc:
             return f"Error: {exc.message}"
 
@@ -229,6 +235,7 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         name = tc.volume(volume)
         rel = memory_target(path)
         data = text.encode()
+        expect = SHOWN_FILE.get()  # the file the card showed: the write happens only over that one
         too_long = UserError(f"a memory note is limited to {MEMORY_MAX_BYTES // 1024} KB: write a shorter one")
         if append:
             try:
@@ -239,7 +246,8 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
                 raise too_long from None
         if len(data) > MEMORY_MAX_BYTES:
             raise too_long
-        entry = await asyncio.to_thread(engine.workspace.write_file, name, rel, data, roots=("memory",))
+        write = functools.partial(engine.workspace.write_file, roots=("memory",), expect=expect)
+        entry = await asyncio.to_thread(write, name, rel, data)
         return f"wrote {entry.size} bytes to vol:{name}/{rel}"
 
     @tool(

@@ -178,7 +178,7 @@ async def run_segment(tc: TurnContext, *, new_messages: list[Message] | None) ->
             name="fleet-agent",
             instructions=instructions(tc),
             tools=[*build_tools(tc), *mcp_tools],
-            middleware=[ApprovalGate(store)],
+            middleware=[ApprovalGate(tc.engine)],
         )
         workflow = WorkflowBuilder(
             name=name, start_executor=AgentExecutor(agent, id=EXECUTOR_ID), checkpoint_storage=storage

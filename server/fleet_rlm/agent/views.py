@@ -46,7 +46,8 @@ class Approval(BaseModel):
 
 
 class AuditEntry(BaseModel):
-    """One line of the approval audit log: requested, approved, auto_approved, rejected, expired, executed."""
+    """One line of the approval audit log: requested, approved, auto_approved, rejected, expired, executed,
+    refused (its card no longer held when it ran)."""
 
     id: int
     conversation_id: str

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from fleet_rlm.core import views
 from fleet_rlm.errors import TooLarge, UserError
-from fleet_rlm.volumes import Volumes
+from fleet_rlm.volumes import Expect, Volumes
 
 MAX_ENTRIES = 1000  # a recursive listing of a big volume must not flood the caller
 
@@ -73,10 +73,17 @@ class VolumeOperations:
         return self._volumes().open_file(volume, path)
 
     def write_file(
-        self, volume: str, path: str, data: bytes | str, *, roots: tuple[str, ...] | None = None
+        self,
+        volume: str,
+        path: str,
+        data: bytes | str,
+        *,
+        roots: tuple[str, ...] | None = None,
+        expect: Expect | None = None,
     ) -> views.FileEntry:
-        """Replace the whole file (creating the volume and folders); with ``roots``, only under those folders."""
-        return views.FileEntry(**self._volumes().write(volume, path, data, roots=roots))
+        """Replace the whole file (creating the volume and folders); with ``roots``, only under those folders;
+        with ``expect``, only over that file (none: a new file), else ``VolumeChanged``, nothing written."""
+        return views.FileEntry(**self._volumes().write(volume, path, data, roots=roots, expect=expect))
 
     def delete_file(self, volume: str, path: str) -> None:
         """Delete a file, link or empty folder; never the volume itself or a durable root."""

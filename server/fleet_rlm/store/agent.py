@@ -106,7 +106,7 @@ class AuditEntry:
     id: int
     conversation_id: str
     approval_id: str | None
-    action: str  # requested | approved | auto_approved | rejected | expired | executed
+    action: str  # requested | approved | auto_approved | rejected | expired | executed | refused
     tool: str
     summary: str
     actor: str
@@ -491,6 +491,17 @@ class AgentTables:
             return approval
 
         return self._db.writer.run(claim)
+
+    def refuse_execution(self, approval_id: str, reason: str) -> None:
+        """Audit an approved call the gate refused to run, and why (its card no longer holds)."""
+        now = time.time()
+
+        def refuse(tx: Tx) -> None:
+            row = tx.conn.execute(_select("agent_approvals", _APPROVAL) + " WHERE id = ?", (approval_id,)).fetchone()
+            if row is not None:
+                _audit(tx, _approval(row), "refused", "system", reason, now)
+
+        self._db.writer.run(refuse)
 
     def audit(self, conversation_id: str | None = None, limit: int = 200) -> list[AuditEntry]:
         """Newest first."""

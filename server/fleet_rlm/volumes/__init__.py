@@ -6,12 +6,12 @@ local volumes are registered on import, Daytona's on first use (no Daytona SDK i
 
 from __future__ import annotations
 
-from fleet_rlm.volumes.base import Volumes, register_volumes, volumes_for
+from fleet_rlm.volumes.base import Expect, Volumes, register_volumes, volumes_for
 from fleet_rlm.volumes.local import LocalVolumes
 from fleet_rlm.volumes.paths import DURABLE_ROOTS, parse_volume_ref, volume_uri
-from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
+from fleet_rlm.volumes.safepath import VolumeChanged, VolumeError, VolumeNotFound
 
 __all__ = [
-    "DURABLE_ROOTS", "LocalVolumes", "VolumeError", "VolumeNotFound", "Volumes",
+    "DURABLE_ROOTS", "Expect", "LocalVolumes", "VolumeChanged", "VolumeError", "VolumeNotFound", "Volumes",
     "parse_volume_ref", "register_volumes", "volume_uri", "volumes_for",
 ]  # fmt: skip

@@ -11,7 +11,8 @@ Contract, for every store: paths are relative POSIX paths inside the volume, che
 ``volumes.paths`` (absolute paths, ``..`` and NUL are ``VolumeError``); a missing volume, file or
 folder is ``VolumeNotFound`` (a ``NotFound``); anything else refused or failed is ``VolumeError``
 with a message that says why. Links are listed as links and never followed. Entries are dicts
-``{"path", "type" (file, dir, link, other), "size" (0 but for files), "mtime"}``.
+``{"path", "type" (file, dir, link, other), "size" (0 but for files), "mtime"}``. A write given an
+``Expect`` happens only over the file it expects (none, for a new file); else ``VolumeChanged``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -27,6 +29,14 @@ from fleet_rlm.volumes.quota import Quota, Usage
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a conditional write requires at its path, as a person was shown it: nothing at all (``sha256``
+    None: a new file), or a regular file whose content has this sha256. Anything else is ``VolumeChanged``."""
+
+    sha256: str | None
 
 
 @runtime_checkable
@@ -76,9 +86,18 @@ class Volumes(Protocol):
     def read_text(self, name: str, path: str, offset: int = 0, length: int | None = None) -> str:
         """``read`` decoded as UTF-8, a character cut by the range replaced."""
 
-    def write(self, name: str, path: str, data: bytes | str, *, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
+    def write(
+        self,
+        name: str,
+        path: str,
+        data: bytes | str,
+        *,
+        roots: tuple[str, ...] | None = None,
+        expect: Expect | None = None,
+    ) -> dict[str, Any]:
         """Replace the whole file at ``path`` (creating the volume and folders); return its entry. With
-        ``roots``, the path must lie under one of those top-level folders."""
+        ``roots``, the path must lie under one of those top-level folders; with ``expect``, only over that
+        file (a new file is created only where nothing is), else ``VolumeChanged`` and nothing written."""
 
     def delete(self, name: str, path: str) -> None:
         """Delete a file, link or empty folder; never the volume itself or a durable root."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shlex
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet_rlm.sandbox import daytona_client as dc
-from fleet_rlm.volumes.base import register_volumes
+from fleet_rlm.volumes.base import Expect, register_volumes
 from fleet_rlm.volumes.paths import (
     DURABLE_ROOTS,
     check_volume_name,
@@ -39,7 +40,7 @@ from fleet_rlm.volumes.paths import (
     write_parts,
 )
 from fleet_rlm.volumes.quota import Usage, volume_quota
-from fleet_rlm.volumes.safepath import VolumeError, VolumeNotFound
+from fleet_rlm.volumes.safepath import VolumeChanged, VolumeError, VolumeNotFound
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
@@ -279,10 +280,20 @@ class DaytonaVolumes:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd, os.fstat(fd)
 
-    def write(self, name: str, path: str, data: bytes | str, *, roots: tuple[str, ...] | None = None) -> dict[str, Any]:
+    def write(
+        self,
+        name: str,
+        path: str,
+        data: bytes | str,
+        *,
+        roots: tuple[str, ...] | None = None,
+        expect: Expect | None = None,
+    ) -> dict[str, Any]:
         parts = write_parts(name, path, roots)
         payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
         self.ensure(name)
+        if expect is not None:  # checked, then uploaded: a remote volume offers no atomic check-and-write
+            self._check_expected(name, path, expect)
 
         async def upload() -> None:
             box = await self._sandbox(name)
@@ -290,6 +301,22 @@ class DaytonaVolumes:
 
         self._run(upload())
         return self.stat(name, path)
+
+    def _check_expected(self, name: str, path: str, expect: Expect) -> None:
+        try:
+            entry: dict[str, Any] | None = self.stat(name, path)
+        except VolumeNotFound:
+            entry = None
+        if expect.sha256 is None:
+            if entry is not None:
+                raise VolumeChanged(f"{path!r} in volume {name!r} changed: it exists now")
+            return
+        if (
+            entry is None
+            or entry["type"] != "file"
+            or hashlib.sha256(self.read(name, path)).hexdigest() != expect.sha256
+        ):
+            raise VolumeChanged(f"{path!r} in volume {name!r} changed: it is not the file expected")
 
     def delete(self, name: str, path: str) -> None:
         parts = delete_parts(name, path)

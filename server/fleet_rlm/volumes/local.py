@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
 import os
 import secrets
 import shutil
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_rlm.volumes.base import register_volumes
+from fleet_rlm.volumes.base import Expect, register_volumes
 from fleet_rlm.volumes.paths import (
     DURABLE_ROOTS,
     check_volume_name,
@@ -37,6 +39,7 @@ from fleet_rlm.volumes.safepath import (
     FILE_MODE,
     LINK_HINT,
     Found,
+    VolumeChanged,
     VolumeError,
     VolumeNotFound,
     closing_fd,
@@ -238,12 +241,16 @@ class LocalVolumes:
         data: bytes | str,
         *,
         roots: tuple[str, ...] | None = None,
+        expect: Expect | None = None,
     ) -> dict[str, Any]:
         """Write a whole file (creating the volume and parent folders); return its entry.
 
         With ``roots``, the path must lie under one of those top-level folders
         (e.g. ``("memory", "artifacts")`` for writes coming from a model). A write that would take
-        the volume over its quota is refused.
+        the volume over its quota is refused. With ``expect``, the check and the write hold an exclusive
+        lock of the folder (conditional writes of every process, one at a time): a new file is linked into
+        place, which fails if anything at all is there by then (never following a link); an overwrite
+        goes ahead only while the file's content has the expected sha256.
         """
         parts = write_parts(name, path, roots)
         rel = "/".join(parts)
@@ -251,7 +258,15 @@ class LocalVolumes:
         with closing_fd(self._volume_fd(name, create=True)) as vol:
             self._check_room(vol, name, parts, len(payload))
             with closing_fd(open_dir(vol, parts[:-1], _where(name), create=True)) as parent:
-                st = self._replace(parent, parts[-1], payload, rel, name)
+                if expect is None:
+                    st = self._replace(parent, parts[-1], payload, rel, name)
+                else:
+                    fcntl.flock(parent, fcntl.LOCK_EX)  # released when the fd is closed
+                    _check_expected(parent, parts[-1], rel, name, expect)
+                    if expect.sha256 is None:
+                        st = self._create(parent, parts[-1], payload, rel, name)
+                    else:
+                        st = self._replace(parent, parts[-1], payload, rel, name)
         return _entry(Found.of(tuple(parts), st))
 
     def _check_room(self, vol: int, name: str, parts: list[str], size: int) -> None:
@@ -282,13 +297,8 @@ class LocalVolumes:
 
         The rename replaces whatever is at ``final`` (a link is replaced, not followed).
         """
-        tmp = f".fleet-write-{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, CREATE_FLAGS, FILE_MODE, dir_fd=parent)
+        tmp, st = _temp_file(parent, payload)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                st = os.fstat(f.fileno())
             os.replace(tmp, final, src_dir_fd=parent, dst_dir_fd=parent)
         except BaseException as exc:
             with contextlib.suppress(OSError):
@@ -296,6 +306,31 @@ class LocalVolumes:
             if isinstance(exc, IsADirectoryError):
                 raise VolumeError(f"{rel!r} in volume {name!r} is a folder, not a file") from None
             raise
+        return st
+
+    @staticmethod
+    def _create(parent: int, final: str, payload: bytes, rel: str, name: str) -> os.stat_result:
+        """Write a temp file beside ``final`` and hard-link it there: the link fails if anything is at
+        ``final`` (like ``O_EXCL``, a link there is not followed), and readers never see half a file."""
+        tmp, st = _temp_file(parent, payload)
+        try:
+            os.link(tmp, final, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+        except FileExistsError:
+            raise VolumeChanged(f"{rel!r} in volume {name!r} changed: it exists now") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            # A file system without hard links: create it in place, still refusing anything already there.
+            try:
+                fd = os.open(final, CREATE_FLAGS, FILE_MODE, dir_fd=parent)
+            except FileExistsError:
+                raise VolumeChanged(f"{rel!r} in volume {name!r} changed: it exists now") from None
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+                st = os.fstat(f.fileno())
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=parent)
         return st
 
     def delete(self, name: str, path: str) -> None:
@@ -315,6 +350,40 @@ class LocalVolumes:
                 raise VolumeNotFound(f"no file {rel!r} in volume {name!r}") from None
             except OSError as exc:
                 raise _delete_error(exc, rel, name) from None
+
+
+def _temp_file(parent: int, payload: bytes) -> tuple[str, os.stat_result]:
+    """A new file (``O_EXCL``, mode 0600) in the folder ``parent`` holding ``payload``: its name and fstat."""
+    tmp = f".fleet-write-{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, CREATE_FLAGS, FILE_MODE, dir_fd=parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            return tmp, os.fstat(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=parent)
+        raise
+
+
+def _check_expected(parent: int, final: str, rel: str, name: str, expect: Expect) -> None:
+    """``VolumeChanged`` unless ``final`` in ``parent`` is as ``expect`` says: absent, or a regular file
+    with that content (opened without following a link, a pipe refused without blocking)."""
+    if expect.sha256 is None:
+        try:
+            os.stat(final, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        raise VolumeChanged(f"{rel!r} in volume {name!r} changed: it exists now")
+    try:
+        fd, _ = open_regular(parent, final, rel, _where(name))
+    except VolumeError:
+        raise VolumeChanged(f"{rel!r} in volume {name!r} changed: it is not the file expected") from None
+    with os.fdopen(fd, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != expect.sha256:
+        raise VolumeChanged(f"{rel!r} in volume {name!r} changed: its content is not the one expected")
 
 
 def _delete_error(exc: OSError, rel: str, name: str) -> VolumeError:

@@ -29,13 +29,16 @@ FILE_MODE = 0o600
 LINK_HINT = "links inside volumes are never followed, even when they point inside; delete the link"
 
 
-
 class VolumeError(errors.UserError):
     """A volume operation was refused or failed; the message says why."""
 
 
 class VolumeNotFound(VolumeError, errors.NotFound):
     """Nothing is at that path: no such volume, file or folder."""
+
+
+class VolumeChanged(VolumeError, errors.Conflict):
+    """A conditional write found the path other than it expected (created, changed or removed since)."""
 
 
 def kind(mode: int) -> str:
