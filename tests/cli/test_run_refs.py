@@ -94,3 +94,22 @@ def test_runs_json_is_the_run_summary_every_face_shows(seeded: dict[str, str]) -
     earlier_keys = {"run_id", "status", "question", "created_at", "iterations", "llm_calls", "session_id",
                     "pinned", "kind", "parent_run_id", "fork_at"}  # fmt: skip  # what `runs --json` always gave
     assert earlier_keys <= set(RunSummary.model_fields) == set(listed[OLDEST])
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("last~99999999999999999999", "error: no run 'last~99999999999999999999': there are fewer than"),
+        ("a" * 60_000, f"error: no run '{'a' * 80}…'"),
+        ("b" * 30_000, f"error: no run '{'b' * 80}…'"),
+    ],
+)
+@pytest.mark.slow
+def test_a_huge_or_long_ref_is_no_run_quoting_only_its_head(seeded: dict[str, str], ref: str, message: str) -> None:
+    # last~N past any count was an OverflowError, 60,000 characters sqlite's "LIKE pattern too complex":
+    # both "internal error"; 30,000 characters were echoed whole.
+    for command in (("trace", ref), ("export", ref), ("pin", ref)):
+        proc = cli(*command, env=seeded)
+        assert proc.returncode == 2, (command[0], proc.returncode, proc.stderr[:300])
+        assert proc.stderr.startswith(message) and "internal error" not in proc.stderr, proc.stderr[:300]
+        assert len(proc.stderr) < 400, len(proc.stderr)

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
 
 EXPORT_PAGE = 1000
 MIN_ID_PART = 4  # hex characters of an id that refer to a run (after its kind letter, for a prefix)
+MAX_REF_CHARS = 64  # longer than any run id (a kind letter, 6 random hex, the creation time in ms as hex)
+SHOWN_REF_CHARS = 80  # of a reference a message quotes
+MAX_BACK = 2**63 - 1  # the largest offset SQLite takes: last~N past it names no run either
 _LAST = re.compile(r"last(?:~(\d+))?")
+
+
+def shown_ref(ref: str) -> str:
+    """A run reference as a message quotes it: its first characters when it is long."""
+    return ref if len(ref) <= SHOWN_REF_CHARS else ref[:SHOWN_REF_CHARS] + "…"
 
 
 class Workspace(VolumeOperations):
@@ -54,11 +62,14 @@ class Workspace(VolumeOperations):
 
     def resolve_run(self, ref: str) -> str:
         """The full id of the run ``ref`` names: its id, ``last`` (the newest run), ``last~N`` (the N-th
-        before it), or a unique start or end of its id. Every face takes run ids through here."""
-        if self.store.runs.exists(ref):
-            return ref
+        before it), or a unique start or end of its id. Every face takes run ids through here. A
+        reference longer than any id names no run, and a message quotes only its head."""
         if last := _LAST.fullmatch(ref):
             return self._newest_run(int(last.group(1) or 0), ref)
+        if len(ref) > MAX_REF_CHARS:  # no id is this long: no query (a LIKE pattern has a limit)
+            raise RunNotFound(f"no run '{shown_ref(ref)}'")
+        if self.store.runs.exists(ref):
+            return ref
         if len(ref) < MIN_ID_PART:
             raise RunNotFound(f"no run '{ref}': give at least {MIN_ID_PART} characters of its id, or last")
         found = self.store.runs.ids_matching(ref, prefix=len(ref) > MIN_ID_PART)
@@ -69,9 +80,9 @@ class Workspace(VolumeOperations):
         return found[0]
 
     def _newest_run(self, back: int, ref: str) -> str:
-        rows = self.store.runs.list(limit=1, offset=back, kind="run")
+        rows = self.store.runs.list(limit=1, offset=back, kind="run") if back <= MAX_BACK else []
         if not rows:
-            raise RunNotFound(f"no run '{ref}': there are fewer than {back + 1} runs")
+            raise RunNotFound(f"no run '{shown_ref(ref)}': there are fewer than {shown_ref(str(back + 1))} runs")
         return rows[0].id
 
     def run(self, run_id: str) -> RunRecord:
