@@ -11,10 +11,12 @@ light: ``--help`` imports it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -342,6 +344,7 @@ class Settings(BaseSettings):
 
     def model_post_init(self, _context: Any) -> None:
         remember_secrets(self.secret_values())
+        otlp_headers()  # registers the collector's credentials, whether or not this process exports
 
     def bound_keys(self, field: str) -> tuple[BoundKey, ...]:
         """The values found for a model key (lm_api_key...), first source first, each with its endpoint."""
@@ -631,6 +634,38 @@ def sandbox_setting_fix() -> str:
     return "set FLEET_SANDBOX=local (check .env in this folder)"
 
 
+# -- the OpenTelemetry collector's headers ------------------------------------------------------
+
+OTLP_HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+_AUTH_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]*)\s+(\S.*)")  # RFC 9110: scheme SP credentials
+
+
+def otlp_headers() -> dict[str, str]:
+    """The OTLP headers of the environment (``key=value,...``, values URL-encoded, the per-signal
+    variable's after the general one's), each value registered for masking with what it carries: the
+    credential after an auth scheme (``Bearer <token>``) and a Basic credential's ``user:password``
+    and password, so none of them is shown alone either."""
+    from urllib.parse import unquote
+
+    raw = ",".join(filter(None, ((os.environ.get(name) or "").strip() for name in OTLP_HEADER_VARIABLES)))
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    headers = {key.strip(): unquote(value.strip()) for key, value in pairs}
+    masked = [raw]
+    for value in headers.values():
+        masked.append(value)
+        scheme = _AUTH_SCHEME.fullmatch(value)
+        if scheme is None:
+            continue
+        credential = scheme.group(2).strip()
+        masked.append(credential)
+        if scheme.group(1).lower() == "basic":
+            with contextlib.suppress(ValueError):
+                pair = base64.b64decode(credential, validate=True).decode()
+                masked += [pair, pair.partition(":")[2]]
+    remember_secrets(masked)
+    return headers
+
+
 def env_name(field: str) -> str:
     if field in ("daytona_api_key", "daytona_api_url", "daytona_target"):  # the Daytona SDK's own variables
         return field.upper()
@@ -729,6 +764,11 @@ RESTART_ONLY = {
     "`fleet-rlm config set daytona_api_url URL`, then restart",
     "agent_allowed_hosts": "it opens private and loopback hosts to the agent's fetches; set "
     "FLEET_AGENT_ALLOWED_HOSTS or run `fleet-rlm config set agent_allowed_hosts HOSTS`, then restart",
+    # Runs' traces (questions, code, outputs, answers) go where these say: a face must not move or stop them.
+    "otel": "it turns the export of runs' traces on or off; set FLEET_OTEL or run "
+    "`fleet-rlm config set otel true|false`, then restart",
+    "otel_endpoint": "runs' traces (questions, code, outputs, answers) are sent there; set FLEET_OTEL_ENDPOINT "
+    "(or OTEL_EXPORTER_OTLP_ENDPOINT) or run `fleet-rlm config set otel_endpoint URL`, then restart",
 }
 
 
@@ -754,6 +794,14 @@ def setting_origins() -> dict[str, list[str]]:
             if given & names:
                 origins[name].append(label)
     return origins
+
+
+def setting_file(name: str) -> str | None:
+    """The file that gives setting ``name`` its value, when the environment does not: ``.env`` (read
+    first) or settings.json (its path); None: neither. Asks no keyring, unlike ``setting_origins``."""
+    if name in DotEnvSettingsSource(Settings)():
+        return ".env"
+    return str(user_settings_path()) if name in read_user_settings() else None
 
 
 def source_in_effect(origins: list[str]) -> str:

@@ -7,6 +7,8 @@ applies the first alone, for what a person must see exactly:
   ``Settings`` when it loads, so a provider error that echoes a header or a key in any shape
   of text is masked whatever the key looks like: whole, reversed, or split into pieces by white
   space, quotes, commas or brackets (pieces out of order, or only some of them, are not matched);
+  in any letter case (an upper-cased token); and encoded, as hex or inside base64 text (standard or
+  URL-safe, at any of the three byte alignments, so a key inside a Basic credential is masked too);
 * key-shaped patterns (``sk-...``, ``Bearer ...``, GitHub/Hugging Face/Slack tokens) for keys
   fleet-rlm was never told about, and values under secret-looking dict keys (``api_key``, ...).
 
@@ -15,6 +17,7 @@ Imports only the standard library: the CLI's ``--help`` and the MCP server's sta
 
 from __future__ import annotations
 
+import base64
 import functools
 import logging
 import re
@@ -71,9 +74,31 @@ def remember_secrets(values: Iterable[str | None]) -> None:
     with _lock:
         known = _known | fresh
         # Longest first, so a key that contains another is masked whole.
-        forms = dict.fromkeys(f for v in sorted(known, key=len, reverse=True) for f in (v, v[::-1]))
-        alternation = "|".join(_in_pieces(f) for f in forms)
+        # Any letter case: an upper-cased token (or hex key) is the same secret to whoever reads it. The
+        # pattern is of lower-case forms, matched against the text lower-cased (see _masked_known).
+        ordered = sorted(known, key=len, reverse=True)
+        printed = dict.fromkeys(f.lower() for v in ordered for f in (v, v[::-1]))
+        encoded = dict.fromkeys(f.lower() for v in ordered for f in _encoded(v))
+        encoded = {f: None for f in sorted(encoded, key=len, reverse=True) if f not in printed}
+        alternation = "|".join([*map(_in_pieces, printed), *map(re.escape, encoded)])
         _known_pattern, _known = re.compile(alternation), frozenset(known)
+
+
+def _encoded(value: str) -> list[str]:
+    """The text ``value`` becomes when encoded: hex, and base64 (standard and URL-safe) at each of the
+    three alignments it can have inside longer base64 text (``user:key`` in a Basic credential), cut
+    to the characters that come from ``value`` alone (the first and last share bits with its neighbours)."""
+    raw = value.encode()
+    forms = [raw.hex()]
+    for offset in range(3):
+        text = base64.b64encode(bytes(offset) + raw).decode()
+        first, end = (8 * offset + 5) // 6, 8 * (offset + len(raw)) // 6  # the characters of value's bits only
+        core = text[first:end]
+        forms += [core, core.translate(_URL_SAFE)]
+    return [f for f in forms if len(f) >= MIN_SECRET_CHARS]
+
+
+_URL_SAFE = str.maketrans("+/", "-_")
 
 
 def _in_pieces(value: str) -> str:
@@ -86,18 +111,37 @@ def _in_pieces(value: str) -> str:
     return f"{gap}*+".join(re.escape(c) for c in value)
 
 
+def _lowered(text: str) -> str:
+    """``text`` in lower case, character for character (a match in it is at the same place in ``text``)."""
+    lowered = text.lower()
+    # A few characters lower-case to two (U+0130); none to none, so the same length means one for one.
+    return lowered if len(lowered) == len(text) else text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _masked_known(pattern: re.Pattern[str], text: str) -> str:
+    """``text`` with every match of ``pattern`` in its lower-cased form replaced by ``***``."""
+    parts, last = [], 0
+    for match in pattern.finditer(_lowered(text)):
+        parts += [text[last : match.start()], MASK]
+        last = match.end()
+    return "".join([*parts, text[last:]]) if parts else text
+
+
 def redact_text(text: str) -> str:
     """``text`` with every configured secret value and key-shaped string replaced by ``***``."""
     pattern = _known_pattern
     if pattern is not None:
-        text = pattern.sub(MASK, text)
+        text = _masked_known(pattern, text)
     return _SECRET_SHAPE.sub(MASK, text)
 
 
 def holds_known_secret(text: str) -> bool:
-    """Whether ``text`` contains a configured secret value."""
+    """Whether ``text`` contains a configured secret value (in any of the shapes masked)."""
     pattern = _known_pattern
-    return pattern is not None and pattern.search(text) is not None
+    return pattern is not None and pattern.search(_lowered(text)) is not None
 
 
 def redact_known(data: Any) -> Any:
@@ -112,7 +156,7 @@ def redact_known(data: Any) -> Any:
     if isinstance(data, list | tuple):
         return [redact_known(v) for v in data]
     if isinstance(data, str):
-        return pattern.sub(MASK, data)
+        return _masked_known(pattern, data)
     return data
 
 

@@ -5,20 +5,11 @@ Against Arize Phoenix (the real UI), by hand: ``bench/otel_phoenix.py`` (docs/ob
 
 from __future__ import annotations
 
-import gzip
-import http.server
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from fleet_rlm.config import load_settings
 from fleet_rlm.core.doctor import doctor_report
@@ -26,6 +17,7 @@ from fleet_rlm.core.engine import Engine
 from fleet_rlm.types import RunRequest
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.otlp_collector import Collector, attrs, collecting
 from tests.support.workloads import NEEDLE_STEPS, write_haystack
 
 pytestmark = pytest.mark.anyio
@@ -33,53 +25,10 @@ SECRET = "sk-test-oracle-0000"  # fleet_env's model key
 CHILD_STEP = "r = rlm_query('child task: shout', 'alpha')\nprint(r)"
 
 
-class Collector:
-    """An OTLP/HTTP trace receiver on loopback: every span posted to /v1/traces, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.paths: list[str] = []
-        self.api_keys: list[str | None] = []
-        collector = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                request = ExportTraceServiceRequest.FromString(body)
-                collector.paths.append(self.path)
-                collector.api_keys.append(self.headers.get("x-api-key"))
-                collector.spans += [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
-def attrs(span: Any) -> dict[str, Any]:
-    return {a.key: _value(a.value) for a in span.attributes}
-
-
-def _value(value: AnyValue) -> Any:
-    return getattr(value, value.WhichOneof("value"))
-
-
 @pytest.fixture
 def collector() -> Iterator[Collector]:
-    receiver = Collector()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
+    with collecting() as receiver:
+        yield receiver
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ Authorization header and the bare key. The root key is deliberately not key-shap
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import secrets
@@ -19,11 +20,14 @@ from mcp.client.stdio import stdio_client
 
 from fleet_rlm.config import Settings
 from fleet_rlm.core.engine import Engine
+from fleet_rlm.core.html_export import run_html
 from fleet_rlm.redaction import RedactingFormatter, redact_text
 from fleet_rlm.types import RunRequest
 from mcp import Client, StdioServerParameters
 from tests.mcp.conftest import fleet_mcp_command, server_env
+from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.otlp_collector import collecting
 
 pytestmark = pytest.mark.anyio
 
@@ -194,3 +198,93 @@ def test_loaded_secrets_are_masked_in_any_text_and_in_logs(fleet_env: dict[str, 
     assert value not in RedactingFormatter().format(record)  # message, arguments and traceback
     Settings(lm_api_key="short")  # too short to mask by value: ordinary words must survive
     assert redact_text("a short story") == "a short story"
+
+
+# -- secrets in other shapes: after an auth scheme, encoded, case-changed ------------------------
+
+# Prints every shape of the context the test asks about, one a line, and answers with them too.
+SHAPES_STEP = """
+import base64
+t = context
+shapes = [t, t.upper(), t.lower(), t.swapcase(), t.encode().hex(), t.encode().hex().upper()]
+for prefix in ('', 'u:', 'us:'):  # every alignment of the value inside base64 text
+    raw = (prefix + t + '!').encode()
+    shapes += [base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode().rstrip('=')]
+print('\\n'.join(shapes))
+SUBMIT(' '.join(shapes))
+"""
+
+
+def shapes_of(value: str) -> list[str]:
+    """What SHAPES_STEP prints for ``value`` (the encoded ones carry a few characters of their neighbours)."""
+    shapes = [value.upper(), value.lower(), value.swapcase(), value.encode().hex(), value.encode().hex().upper()]
+    for prefix in ("", "u:", "us:"):
+        raw = (prefix + value + "!").encode()
+        shapes += [base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode().rstrip("=")]
+    return [value, *shapes]
+
+
+def leaked_runs(data: bytes, value: str, run: int = 12) -> list[str]:
+    """Runs of ``run`` characters of any shape of ``value`` found in ``data`` (an encoded shape's first
+    and last few characters also encode its neighbours, so a shorter run may stay beside the mask)."""
+    found = []
+    for shape in shapes_of(value):
+        found += [shape[i : i + run] for i in range(len(shape) - run + 1) if shape[i : i + run].encode() in data]
+    return found
+
+
+async def run_and_export(question: str, context: str) -> tuple[str, bytes, str]:
+    """One run of SHAPES_STEP on ``context``: its answer, every file under FLEET_HOME (fleet.db and its
+    -wal while the engine is open), and the run's shareable HTML export."""
+    async with Engine() as engine:
+        result = await engine.run(RunRequest(question, context_text=[context]))
+        assert result.status == "succeeded", result.error
+        page = run_html(result.run_id, engine.events(result.run_id)).html
+        files = b"".join(p.read_bytes() for p in engine.settings.home.rglob("*") if p.is_file())
+    return result.answer or "", files, page
+
+
+@pytest.fixture
+def shapes_env(fleet_env: dict[str, str], oracle: OracleLM, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    fake_sandbox.register()
+    monkeypatch.setenv("FLEET_SANDBOX", "fake")  # the masking is on the host's side of the sandbox
+    oracle.add(Scenario("shapes of", [SHAPES_STEP]))
+    return fleet_env
+
+
+async def test_an_otlp_header_value_is_masked_without_its_scheme(
+    shapes_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer <token>": the token alone is the secret, and so is
+    the password inside a Basic credential."""
+    token, password = "otlp" + secrets.token_hex(16), "pw" + secrets.token_hex(10)
+    basic = base64.b64encode(f"collector:{password}".encode()).decode()
+    with collecting() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer%20{token},x-upstream=Basic%20{basic}")
+        for value in (token, password, basic):
+            answer, files, page = await run_and_export(f"shapes of {value[:4]}", value)
+            for where, data in (
+                ("the answer", answer.encode()),
+                ("FLEET_HOME", files),
+                ("the HTML export", page.encode()),
+            ):
+                assert not leaked_runs(data, value), f"a shape of the header value leaked into {where}"
+            assert "***" in answer
+        assert collector.headers and {h["authorization"] for h in collector.headers} == {f"Bearer {token}"}
+
+
+async def test_encoded_and_case_changed_shapes_of_every_secret_are_masked(
+    shapes_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MCP token (URL-safe base64) and a hex model key, upper-cased, hex-encoded or inside base64 text."""
+    token, key = secrets.token_urlsafe(32), secrets.token_hex(20)
+    monkeypatch.setenv("FLEET_MCP_TOKEN", token)
+    monkeypatch.setenv("FLEET_DAYTONA_API_KEY", key)
+    for value in (token, key):
+        answer, files, page = await run_and_export(f"shapes of {value[:4]}", value)
+        for where, data in (("the answer", answer.encode()), ("FLEET_HOME", files), ("the HTML export", page.encode())):
+            assert not leaked_runs(data, value), f"a shape of a configured secret leaked into {where}"
+        assert answer.count("***") >= len(shapes_of(value)), answer  # each shape masked, not the answer dropped
+    ordinary = "The quick brown fox, 'jumps' over [the] lazy dog;\n" * 1000
+    assert redact_text(ordinary) == ordinary

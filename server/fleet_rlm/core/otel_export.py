@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import requests
 from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -26,6 +27,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, Status, StatusCode
+from requests.auth import AuthBase, HTTPBasicAuth
+from requests.utils import get_auth_from_url
 
 from fleet_rlm.types import Event
 
@@ -81,6 +84,39 @@ def _usage(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# What the exporter and requests put on a request for the protocol itself; every other header is one we chose.
+_PROTOCOL_HEADERS = frozenset({
+    "accept", "accept-encoding", "connection", "content-encoding", "content-length", "content-type",
+    "transfer-encoding", "user-agent",
+})  # fmt: skip
+
+
+class _OnlyTheseHeaders(AuthBase):
+    """Sends exactly the headers given (and the protocol's own), whatever else the exporter adds.
+
+    The SDK's exporter merges ``OTEL_EXPORTER_OTLP_HEADERS`` into every request whatever headers it is
+    given; those are for the endpoint the environment names, and ``core.telemetry`` decides whether this
+    endpoint is it. A user name and password in the endpoint's URL still go to it, as requests sends them."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self._headers = headers
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        for name in [n for n in request.headers if n.lower() not in _PROTOCOL_HEADERS]:
+            del request.headers[name]
+        request.headers.update(self._headers)
+        user, password = get_auth_from_url(request.url or "")
+        if (user or password) and not any(n.lower() == "authorization" for n in self._headers):
+            request = HTTPBasicAuth(user, password)(request)
+        return request
+
+
+def _session(headers: dict[str, str]) -> requests.Session:
+    session = requests.Session()
+    session.auth = _OnlyTheseHeaders(headers)
+    return session
+
+
 @dataclass
 class _Node:
     span: Span
@@ -102,12 +138,14 @@ class SpanExport:
     """Turns committed events into spans on a worker thread; ``offer`` is the store's listener."""
 
     def __init__(self, endpoint: str, headers: dict[str, str]) -> None:
+        """Spans to ``endpoint`` (the full traces URL) with ``headers`` and no other (``_OnlyTheseHeaders``)."""
         # A private provider: the global one belongs to whatever else the process instruments.
         self._provider = TracerProvider(
             resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "fleet-rlm"}),
             shutdown_on_exit=False,
         )
-        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, headers=headers)))
+        exporter = OTLPSpanExporter(endpoint=endpoint, headers=headers, session=_session(headers))
+        self._provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self._provider.get_tracer("fleet_rlm")
         self._runs: dict[str, _Run] = {}
         self._inbox: queue.SimpleQueue[list[Event] | None] = queue.SimpleQueue()
