@@ -19,6 +19,7 @@ import errno
 import functools
 import logging
 import os
+import platform
 import secrets
 import signal
 import sys
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet_rlm.sandbox import seccomp
 from fleet_rlm.volumes.quota import Quota, human
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ PARENT = "fleet-rlm"
 WORKER_TASKS = 8
 TMP_BYTES = 64 * 1024 * 1024  # /tmp inside bwrap (RAM): small, the work folder is for real files
 SHM_BYTES = 16 * 1024 * 1024  # /dev/shm inside bwrap: enough for multiprocessing's semaphores
+SANDBOX_UID = 65534  # the uid and gid code runs as inside bwrap (nobody), whoever started the server
 # Extra seconds past an execute timeout before the host presumes the worker stuck and kills it: a cap
 # doctor reports, so it lives here and the local backend that applies it imports it.
 STUCK_GRACE = 10.0
@@ -381,6 +384,12 @@ def describe_caps(
     rows.append(_row("ram_fs", ram, "size-capped tmpfs mounts in bubblewrap", "" if bwrap else no_bwrap))
     root = "read-only: /, /dev, system folders; writable: the work folder and volumes"
     rows.append(_row("root_fs", root, "bubblewrap --remount-ro / and read-only binds", "" if bwrap else no_bwrap))
+    held = f"no capabilities, uid and gid {SANDBOX_UID}, no new user namespaces (also when the server is root)"
+    how = f"bubblewrap --cap-drop ALL --uid {SANDBOX_UID} --gid {SANDBOX_UID} --disable-userns, checked inside"
+    rows.append(_row("privileges", held, how, "" if bwrap else no_bwrap))
+    calls = f"{len(seccomp.REFUSED_SYSCALLS)} calls refused: mount family, namespaces, kernel interfaces"
+    no_filter = "" if seccomp.supported() else f"no filter is written for {platform.machine()} (x86_64, aarch64)"
+    rows.append(_row("syscalls", calls, "a seccomp filter bubblewrap installs", no_filter if bwrap else no_bwrap))
     rows.append(_row("output", f"{output_limit} characters per step (head+tail)", "cut before the model sees it"))
     if exec_timeout:
         how = f"SIGALRM in the worker; the host kills it when silent {STUCK_GRACE:g} s longer"
@@ -400,6 +409,7 @@ _CAP_FIXES = {
     "hierarchies writable, or with memory and pids delegated to its cgroup v2 (systemd: Delegate=yes)",
     "ram_fs": "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and use FLEET_ISOLATION=auto",
     "step_time": "set FLEET_EXEC_TIMEOUT",
+    "syscalls": "run on x86_64 or aarch64, where the seccomp filter exists, or use Daytona sandboxes",
 }
 
 
@@ -421,6 +431,8 @@ def caps_check(settings: Settings, isolation: str) -> dict[str, Any]:
     if missing:
         check["warning"] = True  # runs still work, but hostile code is less contained
         names = {r["name"] for r in rows if not r["enforced"]}
-        fix_for = {"processes": "memory", "root_fs": "ram_fs", "work_disk": "ram_fs"}
+        fix_for = {"processes": "memory", "root_fs": "ram_fs", "work_disk": "ram_fs", "privileges": "ram_fs"}
+        if isolation != "bwrap":  # bubblewrap missing: installing it is the fix, whatever the machine
+            fix_for["syscalls"] = "ram_fs"
         check["fix"] = "; ".join(dict.fromkeys(_CAP_FIXES[fix_for.get(n, n)] for n in sorted(names)))
     return check

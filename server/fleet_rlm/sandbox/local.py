@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -22,10 +23,11 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+from fleet_rlm.sandbox import seccomp
 from fleet_rlm.sandbox.base import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
@@ -42,7 +44,7 @@ from fleet_rlm.sandbox.base import (
     nesting_depth,
     register_backend,
 )
-from fleet_rlm.sandbox.caps import SHM_BYTES, STUCK_GRACE, TMP_BYTES, SandboxCgroup, work_quota
+from fleet_rlm.sandbox.caps import SANDBOX_UID, SHM_BYTES, STUCK_GRACE, TMP_BYTES, SandboxCgroup, work_quota
 from fleet_rlm.volumes.quota import trim
 from fleet_rlm.volumes.safepath import DIR_FLAGS, closing_fd, scan
 
@@ -85,7 +87,59 @@ def _system_binds() -> list[str]:
 
 
 _BWRAP_BASE = ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+# Run as root, bwrap leaves its child uid 0 with every capability, free to remount the binds writable
+# (a write to /fleet/worker.py then lands in the checkout). So the code holds no capability, is an
+# unprivileged uid inside its own user namespace, cannot make another one, and a seccomp filter
+# refuses the mount family and namespaces even if one of these flags went missing.
+_PRIVILEGES = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
 _SEAL = ["--remount-ro", "/"]  # bwrap's root is an unsized tmpfs; last, since mount points are made on it
+# What the isolation probe runs inside: the effective and permitted capability sets, the uid, and
+# whether unshare(0) and a writable remount of /usr were refused (1) or allowed (0).
+_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+head, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+libc.capget(head, data)
+unshare = libc.syscall(%d, 0) != 0 if %d >= 0 else 0
+remount = libc.mount(None, b"/usr", None, 32 | 4096, None) != 0
+print(data[0] | data[3] << 32, data[1] | data[4] << 32, os.getuid(), int(unshare), int(remount))
+"""
+
+
+@functools.cache
+def _disable_userns(bwrap: str) -> list[str]:
+    """``--disable-userns`` where this bwrap has it (0.8 and later); seccomp refuses unshare anyway."""
+    try:
+        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return ["--disable-userns"] if "--disable-userns" in usage else []
+
+
+@contextlib.contextmanager
+def _seccomp_fd(wanted: bool = True) -> Iterator[list[str]]:
+    """bwrap's ``--seccomp FD`` arguments, with FD a pipe holding the filter for one spawn (bwrap
+    reads it to the end); no arguments unisolated, or on an architecture without a filter (doctor
+    says so)."""
+    if not wanted or not seccomp.supported():
+        yield []
+        return
+    program = seccomp.filter_program()
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, program)  # a few hundred bytes: never more than a pipe holds
+        os.close(write_end)
+        write_end = -1
+        yield ["--seccomp", str(read_end)]
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+def _bwrap(extra: list[str]) -> list[str]:
+    bwrap = shutil.which("bwrap") or "bwrap"
+    return [bwrap, *_BWRAP_BASE, *_PRIVILEGES, *_disable_userns(bwrap), *extra]
 
 
 _probing = threading.Lock()
@@ -108,10 +162,17 @@ def _probe_isolation() -> tuple[str, str]:
             "bubblewrap not found: install the Debian package 'bubblewrap' (apt-get install bubblewrap) "
             "to isolate the sandbox; code now runs unisolated (scrubbed env and rlimits only)"
         )
-    # bwrap can be installed yet unusable (no user namespaces, seccomp'd container): try it once.
-    cmd = [bwrap, *_BWRAP_BASE, *_system_binds(), *_SEAL, _python(), "-I", "-S", "-c", "pass"]
+    # bwrap can be installed yet unusable (no user namespaces, seccomp'd container): try it once, with
+    # the flags a sandbox gets, and read from inside what the code would hold.
+    unshare = seccomp.syscall_number("unshare")
+    probe = _PROBE % (unshare, unshare)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        with _seccomp_fd() as filter_args:
+            cmd = [*_bwrap(filter_args), *_system_binds(), *_SEAL, _python(), "-I", "-S", "-c", probe]
+            fds = [int(filter_args[1])] if filter_args else []
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL, pass_fds=fds
+            )
         version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         proc, version = None, str(exc)
@@ -121,10 +182,38 @@ def _probe_isolation() -> tuple[str, str]:
             f"bubblewrap is installed but cannot create a sandbox here ({detail}); enable unprivileged "
             "user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run with isolation='none'"
         )
+    try:
+        effective, permitted, uid, unshare_refused, remount_refused = map(int, proc.stdout.split())
+    except ValueError:
+        return "none", f"the bubblewrap probe printed {proc.stdout[:200]!r}, not its capability report"
+    if effective or permitted or uid == 0 or not remount_refused:
+        return "none", (  # never the case with the flags above; refuse rather than trust such a sandbox
+            f"bubblewrap left the code privileged here (capabilities {effective:#x}, uid {uid}, remount "
+            f"{'refused' if remount_refused else 'allowed'}); isolation is off until that is fixed"
+        )
+    filtered = (
+        "a seccomp filter refusing mount, namespaces and kernel calls"
+        if unshare_refused
+        else (f"no seccomp filter (none for {platform.machine()})")
+    )
     return "bwrap", (
         f"{version.strip() or 'bubblewrap'}, no network, no /proc, read-only root and system folders, "
-        "/tmp and /dev/shm size-capped, only the work dir and volumes writable"
+        "/tmp and /dev/shm size-capped, only the work dir and volumes writable; the code runs as uid "
+        f"{uid} with no capabilities (measured inside), no nested user namespaces, {filtered}"
     )
+
+
+ROOT_UNISOLATED = (
+    "running as root and bubblewrap cannot isolate the sandbox here (`fleet-rlm doctor` says why), so the "
+    "model's code would run as root on this machine: install bubblewrap (Debian/Ubuntu: apt-get install "
+    "bubblewrap), or set FLEET_ISOLATION=none to accept that risk"
+)
+
+
+def _refuse_root_unisolated(available: str) -> None:
+    """As root, code is never run unisolated by default: only an explicit FLEET_ISOLATION=none does."""
+    if available != "bwrap" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        raise SandboxError(ROOT_UNISOLATED)
 
 
 class LocalSandbox:
@@ -155,6 +244,7 @@ class LocalSandbox:
                 raise ValueError(f"invalid volume name {name!r}")
         available, why = detect_isolation()
         if isolation == "auto":
+            _refuse_root_unisolated(available)
             isolation = "bwrap" if available == "bwrap" else "none"
         elif isolation == "bwrap" and available != "bwrap":
             raise SandboxError(why)
@@ -165,8 +255,7 @@ class LocalSandbox:
         self.volumes_read_only = read_only_volumes and bwrap  # only bubblewrap can mount them so
         self.sandbox_work_dir = SANDBOX_WORK_DIR if bwrap else str(self.work_dir)
         self.volume_paths = {
-            name: f"{SANDBOX_ROOT}/volumes/{name}" if bwrap else str(path)
-            for name, path in self.volumes.items()
+            name: f"{SANDBOX_ROOT}/volumes/{name}" if bwrap else str(path) for name, path in self.volumes.items()
         }
         if memory_mb < 64:  # the interpreter and its protocol threads need this much address space
             raise ValueError(f"memory_mb must be at least 64, not {memory_mb}")
@@ -236,7 +325,7 @@ class LocalSandbox:
         return self._proc.pid if self._proc is not None else None
 
     # ---- lifecycle -------------------------------------------------------------------------------
-    def _command(self) -> tuple[list[str], dict[str, str] | None, str | None]:
+    def _command(self, filter_args: list[str]) -> tuple[list[str], dict[str, str] | None, str | None]:
         limits = ["--memory-mb", str(self.memory_mb), "--max-procs", str(self.max_procs)]
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -253,7 +342,7 @@ class LocalSandbox:
         if self.isolation == "none":
             cmd = [_python(), "-I", "-S", "-u", str(WORKER_SCRIPT), "--workdir", str(self.work_dir), *limits]
             return cmd, env, str(self.work_dir)
-        cmd = [shutil.which("bwrap") or "bwrap", *_BWRAP_BASE, *_system_binds()]
+        cmd = [*_bwrap(filter_args), *_system_binds()]
         cmd += ["--ro-bind", str(WORKER_SCRIPT), f"{SANDBOX_ROOT}/worker.py"]
         cmd += ["--bind", str(self.work_dir), SANDBOX_WORK_DIR]
         bind = "--ro-bind" if self.volumes_read_only else "--bind"
@@ -277,22 +366,24 @@ class LocalSandbox:
             self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             for path in self.volumes.values():  # host-owned volume folders (the engine creates them)
                 path.mkdir(parents=True, exist_ok=True)
-            cmd, env, cwd = self._command()
             self._work_checked = time.time()
             # Longest accepted protocol line: a bound on what a hostile worker can make the host buffer.
             limit = MAX_MESSAGE_BYTES + 64 * 1024
             self._cgroup = SandboxCgroup.create(self.memory_mb, self.max_procs)  # None: host has no cgroups
-            self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                limit=limit,
-                preexec_fn=self._cgroup.preexec() if self._cgroup else None,  # joins before exec
-            )
+            with _seccomp_fd(self.isolation == "bwrap") as filter_args:
+                cmd, env, cwd = self._command(filter_args)
+                self._proc = await asyncio.create_subprocess_exec(
+                    *cmd,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    limit=limit,
+                    pass_fds=[int(filter_args[1])] if filter_args else [],
+                    preexec_fn=self._cgroup.preexec() if self._cgroup else None,  # joins before exec
+                )
             self._ready = asyncio.get_running_loop().create_future()
             self._spawn(self._read_stdout())
             self._spawn(self._read_stderr())
@@ -676,12 +767,27 @@ def _local_sandbox(settings: Any, spec: SandboxSpec) -> LocalSandbox:
     )
 
 
+def _local_check(settings: Any) -> None:
+    """Refuse a run before it exists where its sandbox would refuse to start (root, no isolation)."""
+    if settings.isolation == "auto" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        from fleet_rlm.config import ConfigError
+
+        try:
+            _refuse_root_unisolated(detect_isolation()[0])
+        except SandboxError as exc:
+            raise ConfigError(str(exc)) from None
+
+
 def _local_doctor(settings: Any) -> dict[str, dict[str, Any]]:
     from fleet_rlm.sandbox.caps import caps_check
 
     level, detail = detect_isolation()
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
     if settings.isolation == "none":
-        level, detail = "none", "FLEET_ISOLATION=none: code runs unisolated, with your user's permissions"
+        who = "as root" if root else "with your user's permissions"
+        level, detail = "none", f"FLEET_ISOLATION=none: code runs unisolated, {who}"
+    elif level != "bwrap" and root:
+        detail = detail.partition(";")[0] + "; as root, runs are refused until it is or FLEET_ISOLATION=none is set"
     row: dict[str, Any] = {"ok": level == "bwrap", "isolation": level, "detail": detail}
     if level != "bwrap":
         row["fix"] = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) and use FLEET_ISOLATION=auto"
@@ -694,6 +800,7 @@ register_backend(
         _local_sandbox,
         _local_doctor,
         "a persistent Python worker on this machine (bubblewrap)",
+        check=_local_check,
         warm_up=lambda _settings: detect_isolation(),  # two bwrap processes: waiting, not computing
     )
 )
