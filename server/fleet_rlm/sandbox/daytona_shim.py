@@ -15,15 +15,19 @@ in the sandbox.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import sys
 import threading
-import time
+from os import makedirs, unlink
+from os.path import join
+from time import sleep
 from typing import Any
 
 import fleet_worker as worker  # uploaded beside this file (sandbox/worker.py)
+
+# As in worker.py: what this module's code uses can't be rebound by guest code (a private copy of
+# the builtins, the functions above bound once, the worker's JSON coders).
+globals()["__builtins__"] = dict(worker.PRISTINE_BUILTINS)
 
 FRAME = "\x1efleet\x1f"
 REPLY_END = b"\n\x04"
@@ -36,7 +40,7 @@ class Shim(worker.Worker):
     def __init__(self, folder: str, memory_mb: int) -> None:
         super().__init__(folder, memory_mb)
         self.folder = folder
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        makedirs(folder, mode=0o700, exist_ok=True)
         self.out: Any = None
         self.out_lock = threading.Lock()
         try:  # SIGALRM needs the main thread; elsewhere the daemon's own timeout is the only one
@@ -47,7 +51,7 @@ class Shim(worker.Worker):
         threading.Thread(target=self.streamer, name="fleet-stream", daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:
-        data = FRAME + json.dumps(message, ensure_ascii=False, default=str) + "\n"
+        data = FRAME + worker.dumps(message) + "\n"
         with self.out_lock:
             out = self.out
             if out is None:  # no cell running: nobody to tell
@@ -59,13 +63,13 @@ class Shim(worker.Worker):
     def host_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_id = next(self.call_ids)
         message = {"op": "call", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs}
-        size = len(json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))
+        size = len(worker.dumps(message).encode("utf-8", "surrogatepass"))
         if size > worker.MAX_MESSAGE:
             raise ValueError(
                 f"{name}: the arguments are {size >> 20} MB, over the {worker.MAX_MESSAGE >> 20} MB limit of one "
                 "call; pass smaller pieces (slice the text, or batch fewer prompts per call)"
             )
-        path = os.path.join(self.folder, f"{call_id}.reply")
+        path = join(self.folder, f"{call_id}.reply")
         self.send(message)
         delay = 0.002
         while True:  # short sleeps keep the main thread responsive to the SIGALRM timeout
@@ -75,25 +79,25 @@ class Shim(worker.Worker):
             except FileNotFoundError:
                 data = b""
             if data.endswith(REPLY_END):
-                os.unlink(path)
+                unlink(path)
                 break
-            time.sleep(delay)
+            sleep(delay)
             delay = min(delay * 1.5, 0.05)
-        reply = json.loads(data[: -len(REPLY_END)])
+        reply = worker.loads(data[: -len(REPLY_END)].decode("utf-8", "surrogatepass"))
         if not reply.get("ok"):
             raise RuntimeError(reply.get("error") or f"{name} failed")
         return reply.get("value")
 
     def cell(self, text: str) -> None:
         """One request from the host; its reply is the cell's last frame."""
-        message = json.loads(text)
+        message = worker.loads(text)
         if message.get("op") == "execute" and not self.alarms:
             message["timeout"] = None
         if message.get("op") == "put_text":  # the text was uploaded as a file: bind it, then drop the file
-            path = os.path.join(self.folder, "input")
+            path = join(self.folder, "input")
             with open(path, "rb") as fh:
                 message["blob"] = fh.read()
-            os.unlink(path)
+            unlink(path)
         with self.out_lock:
             self.out = sys.stdout
         try:

@@ -14,31 +14,81 @@ Host -> worker (every request carries ``id``; only ``execute`` replies ``done``)
   shutdown                                -> worker exits (EOF on stdin as well)
 Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions.
 No message may exceed MAX_MESSAGE bytes: the host stops a worker that sends one.
+A request the worker cannot read, or a reply it cannot send, ends it at once (exit code 70, the
+reason on stderr): the host would otherwise wait out the step's time limit for a reply.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
+import builtins
 import io
 import itertools
-import json
 import os
-import queue
-import signal
 import sys
 import threading
-import time
-import traceback
 import types
 import weakref
+from ast import Expr, Expression, parse
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from json import JSONDecoder, JSONEncoder
+from json import encoder as json_encoder
+from json.encoder import encode_basestring, encode_basestring_ascii
+from queue import Empty, SimpleQueue
+from signal import ITIMER_REAL, SIGALRM, setitimer
+from signal import signal as set_handler
+from time import monotonic, sleep
+from traceback import format_exception_only
+from typing import Any, NoReturn
+
+# ---- the worker's own names, out of the guest code's reach -------------------------------------
+# Guest code may rebind anything it can reach: `SUBMIT = None`, `import builtins; builtins.len = None`,
+# `import json; json.dumps = None`. None of it may break the REPL itself, so:
+# - what the protocol uses of other modules is bound here, once, before any guest code runs (the
+#   `from ... import` lines above, and the JSON coders below);
+# - every function of this module resolves builtins in a private copy: CPython finds a function's
+#   builtins through its module's ``__builtins__`` (bound when the ``def`` runs, since 3.10), so
+#   setting it here, before the first ``def``, keeps `len`, `repr`, `isinstance`... of the worker's
+#   own code out of reach (daytona_shim.py does the same);
+# - guest code gets a builtins module of its own (``import builtins`` in it returns that one), and
+#   before every step that copy, the real module and the host-provided names (SUBMIT, the host
+#   functions) are put back as they were (Worker.execute).
+PRISTINE_BUILTINS: dict[str, Any] = dict(vars(builtins))
+REAL_BUILTINS: dict[str, Any] = vars(builtins)
+REAL_IMPORT = builtins.__import__
+globals()["__builtins__"] = dict(PRISTINE_BUILTINS)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _json_encoder(*, ascii_only: bool, allow_nan: bool, default: Callable[[Any], Any]) -> Callable[[Any], str]:
+    """``json.dumps`` with these options, bound now: the C encoder alone where CPython has it (the
+    stdlib's Python layer around it looks up ``isinstance`` in the real builtins, which a step can reach)."""
+    make: Any = getattr(json_encoder, "c_make_encoder", None)
+    if make is None:
+        return JSONEncoder(ensure_ascii=ascii_only, allow_nan=allow_nan, default=default).encode
+    strings = encode_basestring_ascii if ascii_only else encode_basestring
+
+    def encode(value: Any) -> str:
+        return "".join(make({}, default, strings, None, ": ", ", ", False, False, allow_nan)(value, 0))
+
+    return encode
+
+
+dumps = _json_encoder(ascii_only=False, allow_nan=True, default=str)  # the protocol's (json.dumps(default=str))
+_dumps_data = _json_encoder(ascii_only=True, allow_nan=False, default=_not_json)  # _plain's strict check
+_scan = JSONDecoder().scan_once  # type: ignore[attr-defined]  # its scanner (C in CPython), alone: see loads
+_write = os.write
+_exit = os._exit
 
 MAX_MESSAGE = 64 * 1024 * 1024  # keep in step with fleet_rlm.sandbox.base.MAX_MESSAGE_BYTES
 PLAIN_DATA_CHARS = 100_000  # trailing values up to this size (as JSON) also travel as data
 STREAM_INTERVAL = 0.2  # seconds between live output chunks
 REPL_FILENAME = "<repl>"
+RESERVED = frozenset({"SUBMIT", "__builtins__"})  # no host function or variable may take these
 
 
 class _Submit(BaseException):
@@ -159,11 +209,14 @@ class Worker:
         main_module = types.ModuleType("__main__")
         sys.modules["__main__"] = main_module
         self.namespace: dict[str, Any] = main_module.__dict__
-        self.namespace["__builtins__"] = __builtins__
+        # The guest's own builtins module; `import builtins` in guest code returns it (see _import).
+        self.guest_builtins = types.ModuleType("builtins")
+        # Names the REPL provides (SUBMIT, the host functions): put back before every step.
+        self.owned: dict[str, Any] = {}
         self.output_fields: list[dict[str, Any]] | None = None
-        self.requests: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
-        self.outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.calls: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
+        self.requests: SimpleQueue[dict[str, Any] | None] = SimpleQueue()
+        self.outgoing: SimpleQueue[bytes | None] = SimpleQueue()
+        self.calls: dict[int, SimpleQueue[dict[str, Any]]] = {}
         self.call_ids = itertools.count(1)
         self.closed = threading.Event()
         self.capture: _Capture | None = None
@@ -172,7 +225,8 @@ class Worker:
         self.stream_lock = threading.Lock()
         self.armed = False
         self.sources: weakref.WeakKeyDictionary[types.CodeType, list[str]] = weakref.WeakKeyDictionary()
-        self.namespace["SUBMIT"] = self._submit
+        self.owned["SUBMIT"] = self._submit
+        self.reset_names()
 
     # ---- transport -------------------------------------------------------------------------------
     def send(self, message: dict[str, Any]) -> None:
@@ -188,7 +242,7 @@ class Worker:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view) :]
+                    view = view[_write(fd, view) :]
             except OSError:
                 self.closed.set()
                 return
@@ -200,13 +254,12 @@ class Worker:
             if not line:
                 break
             try:
-                message = json.loads(line)
+                message = loads(line.decode("utf-8", "surrogatepass"))
                 size = message.get("blob")
                 if size is not None:
                     message["blob"] = stdin.read(size)
-            except (ValueError, TypeError, AttributeError):
-                print(f"worker: ignoring malformed request {line[:200]!r}", file=sys.__stderr__)
-                continue
+            except BaseException as exc:  # the host waits for a reply that can never come: end it now
+                _fatal(f"reading the request {line[:200]!r}", exc)
             if message.get("op") == "result":
                 slot = self.calls.get(message.get("id"))
                 if slot is not None:  # a call abandoned after a timeout has no slot any more
@@ -220,17 +273,21 @@ class Worker:
 
     def streamer(self) -> None:
         while not self.closed.is_set():
-            time.sleep(STREAM_INTERVAL)
+            sleep(STREAM_INTERVAL)
             with self.stream_lock:
                 capture, req_id = self.capture, self.capture_id
                 data = capture.take_pending() if capture is not None else ""
                 if data:
-                    self.send({"op": "output", "id": req_id, "data": data})
+                    # Not contextlib.suppress: it calls issubclass from the builtins a step can break.
+                    try:  # noqa: SIM105
+                        self.send({"op": "output", "id": req_id, "data": data})
+                    except Exception:  # the step broke what encoding uses (put back after it); the reply has it all
+                        pass
 
     # ---- host calls ------------------------------------------------------------------------------
     def host_call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_id = next(self.call_ids)
-        slot: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        slot: SimpleQueue[dict[str, Any]] = SimpleQueue()
         self.calls[call_id] = slot
         try:
             line = _encode({"op": "call", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs})
@@ -245,7 +302,7 @@ class Worker:
                 try:
                     reply = slot.get(timeout=0.1)
                     break
-                except queue.Empty:
+                except Empty:
                     if self.closed.is_set():
                         raise RuntimeError(f"{name}: the host connection closed") from None
         finally:
@@ -259,7 +316,40 @@ class Worker:
             return self.host_call(name, args, kwargs)
 
         host_function.__name__ = host_function.__qualname__ = name
-        self.namespace[name] = host_function
+        self.owned[name] = self.namespace[name] = host_function
+
+    # ---- the REPL's own names --------------------------------------------------------------------
+    def reset_names(self) -> None:
+        """Put back what guest code may have rebound or deleted since the last step: its builtins
+        module, the real one (reachable as ``len.__self__`` or ``sys.modules["builtins"]``, and what the
+        standard library the worker uses looks names up in), ``__builtins__`` and the names the REPL
+        provides (SUBMIT, the host functions). Names the guest added stay."""
+        REAL_BUILTINS.update(PRISTINE_BUILTINS)
+        guest = self.guest_builtins.__dict__
+        guest.update(PRISTINE_BUILTINS)
+        guest["__import__"] = self._import
+        self.namespace["__builtins__"] = self.guest_builtins
+        self.namespace.update(self.owned)
+
+    def _variable(self, name: Any) -> str:
+        """A variable's name, refused when it is one the REPL provides (it would be put back)."""
+        checked = _identifier(name)
+        if checked in self.owned or checked in RESERVED:
+            raise ValueError(f"{checked!r} is the REPL's own name (SUBMIT or a host function); pick another")
+        return checked
+
+    def _import(
+        self,
+        name: str,
+        globals: dict[str, Any] | None = None,
+        locals: dict[str, Any] | None = None,
+        fromlist: Any = (),
+        level: int = 0,
+    ) -> Any:
+        """Guest code's ``__import__``: ``builtins`` is its own copy, anything else the real import."""
+        if name == "builtins" and not level:
+            return self.guest_builtins
+        return REAL_IMPORT(name, globals, locals, fromlist, level)
 
     # ---- SUBMIT ----------------------------------------------------------------------------------
     def _submit(self, *args: Any, **kwargs: Any) -> None:
@@ -313,26 +403,27 @@ class Worker:
             tb = tb.tb_next
         if len(lines) == 1:
             lines = []
-        lines.extend(traceback.format_exception_only(type(exc), exc))
+        lines.extend(format_exception_only(type(exc), exc))
         return "".join(lines).rstrip("\n")
 
     def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.reset_names()
         code = msg.get("code", "")
         timeout = msg.get("timeout")
         limit = int(msg.get("output_limit") or 1_000_000)
         capture = _Capture(limit)
         reply: dict[str, Any] = {"op": "done", "id": msg.get("id"), "value": None, "error": None}
         reply.update(error_kind=None, final=None)
-        start = time.monotonic()
+        start = monotonic()
         try:
-            tree = ast.parse(code, REPL_FILENAME, "exec")
+            tree = parse(code, REPL_FILENAME, "exec")
             last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = compile(ast.Expression(tree.body.pop().value), REPL_FILENAME, "eval")
+            if tree.body and isinstance(tree.body[-1], Expr):
+                last = compile(Expression(tree.body.pop().value), REPL_FILENAME, "eval")
             body = compile(tree, REPL_FILENAME, "exec")
         except (SyntaxError, ValueError) as exc:
-            reply.update(error="".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n"))
-            reply.update(error_kind="syntax", stdout="", duration=time.monotonic() - start)
+            reply.update(error="".join(format_exception_only(type(exc), exc)).rstrip("\n"))
+            reply.update(error_kind="syntax", stdout="", duration=monotonic() - start)
             return reply
         _seed_random(code)
         source = code.splitlines()
@@ -347,7 +438,7 @@ class Worker:
                 if timeout:
                     self.armed = True
                     # The 1 s repeat re-raises if user code swallowed the first _Timeout with a bare except.
-                    signal.setitimer(signal.ITIMER_REAL, float(timeout), 1.0)
+                    setitimer(ITIMER_REAL, float(timeout), 1.0)
                 exec(body, self.namespace)
                 if last is not None:
                     value = eval(last, self.namespace)
@@ -356,7 +447,8 @@ class Worker:
                         reply["data"] = _plain(value)
             finally:
                 self.armed = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                setitimer(ITIMER_REAL, 0)
+                REAL_BUILTINS.update(PRISTINE_BUILTINS)  # what reporting the step uses of the stdlib
         except _Submit as sub:
             reply["final"] = sub.payload
         except _Timeout:
@@ -382,7 +474,7 @@ class Worker:
             with self.stream_lock:
                 self.capture = None
         reply["stdout"] = capture.text()
-        reply["duration"] = time.monotonic() - start
+        reply["duration"] = monotonic() - start
         if reply["final"] is not None and len(_encode(reply)) > MAX_MESSAGE:
             reply["final"] = None
             reply["error_kind"] = "exception"
@@ -396,19 +488,25 @@ class Worker:
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op, req_id = msg.get("op"), msg.get("id")
         if op == "execute":
-            return self.execute(msg)
+            try:
+                return self.execute(msg)
+            except BaseException as exc:  # the worker's own step code failed: still a reply to this step
+                reply = {"op": "done", "id": req_id, "value": None, "final": None, "stdout": "", "duration": 0.0}
+                error = f"the REPL failed around this step ({_describe(exc)}); the variables are kept"
+                reply.update(error_kind="exception", error=error)
+                return reply
         try:
             if op == "configure":
                 self.output_fields = msg.get("output_fields") or None
             elif op == "define_functions":
                 for name in msg.get("names", []):
-                    if not (isinstance(name, str) and name.isidentifier()):
+                    if not (isinstance(name, str) and name.isidentifier()) or name in RESERVED:
                         raise ValueError(f"invalid function name {name!r}")
                     self.define(name)
             elif op == "set_var":
-                self.namespace[_identifier(msg.get("name"))] = msg.get("value")
+                self.namespace[self._variable(msg.get("name"))] = msg.get("value")
             elif op == "put_text":
-                name = _identifier(msg.get("name"))
+                name = self._variable(msg.get("name"))
                 blob = msg.pop("blob", None)
                 if not isinstance(blob, bytes):
                     raise ValueError("put_text carries no text")
@@ -428,7 +526,7 @@ class Worker:
         proto_fd = os.dup(1)
         os.dup2(2, 1)
         sys.stdout = sys.stderr
-        signal.signal(signal.SIGALRM, self._on_alarm)
+        set_handler(SIGALRM, self._on_alarm)
         writer = threading.Thread(target=self.writer, args=(proto_fd,), name="fleet-writer", daemon=True)
         writer.start()
         threading.Thread(target=self.reader, name="fleet-reader", daemon=True).start()
@@ -441,12 +539,32 @@ class Worker:
             try:
                 reply = self.handle(msg)
             except BaseException as exc:  # the loop must survive anything a request can raise
-                reply = {"op": "error", "id": msg.get("id"), "error": f"{type(exc).__name__}: {exc}"}
-            self.send(reply)
+                reply = {"op": "error", "id": msg.get("id"), "error": _describe(exc)}
+            try:
+                self.send(reply)
+            except BaseException as exc:  # no reply can be sent: say so now, not after the step's time limit
+                _fatal(f"sending the reply to {msg.get('op')!r}", exc)
         self.outgoing.put(None)
         writer.join(timeout=5)
         # Skip interpreter teardown: it would wait for any non-daemon threads user code left running.
-        os._exit(0)
+        _exit(0)
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except BaseException:  # a guest exception's __str__ may fail too
+        return type(exc).__name__
+
+
+def _fatal(what: str, exc: BaseException) -> NoReturn:
+    """The REPL's own machinery failed: say why on stderr (the host quotes its last lines when the
+    worker exits) and exit at once, so the session ends with a clear error instead of a silent wait."""
+    text = f"worker: {what} failed ({_describe(exc)}); the REPL cannot go on\n"
+    try:
+        _write(2, text.encode("utf-8", "replace"))
+    finally:
+        _exit(70)
 
 
 def _seed_random(code: str) -> None:
@@ -468,7 +586,19 @@ def _truncate(text: str, limit: int) -> str:
 
 
 def _encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass") + b"\n"
+    return dumps(message).encode("utf-8", "surrogatepass") + b"\n"
+
+
+def loads(text: str) -> Any:
+    """A JSON text's value. The scanner alone, not ``json.loads``: the stdlib's Python layer looks up
+    ``len`` in the real builtins, which guest code can reach (``len.__self__``) while a step runs."""
+    try:
+        value, end = _scan(text, len(text) - len(text.lstrip()))
+    except StopIteration as exc:
+        raise ValueError(f"not JSON (at character {exc.value})") from None
+    if text[end:].strip():
+        raise ValueError(f"extra data after the JSON value (at character {end})")
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -480,11 +610,11 @@ def _plain(value: Any) -> Any:
     if not isinstance(value, (str, int, float, list, tuple, dict)):
         return None
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _dumps_data(value)
     except (TypeError, ValueError, RecursionError):
         return None
     # Through JSON and back: tuples become lists, keys strings, exactly as the host will see it.
-    return json.loads(text) if len(text) <= PLAIN_DATA_CHARS else None
+    return loads(text) if len(text) <= PLAIN_DATA_CHARS else None
 
 
 def _identifier(name: Any) -> str:
