@@ -2,8 +2,10 @@
 
 Every hop (the first URL and each redirect) is checked the same way: http or https only; the host name
 is resolved once and every address it resolves to must be public (not loopback, private, link-local,
-shared, multicast or reserved; an IPv6 address that carries an IPv4 one, as mapped, compatible, NAT64,
-6to4 or Teredo addresses do, is judged by that IPv4 address too) unless ``agent_allowed_hosts`` names the
+shared, multicast or reserved; an IPv6 address that is an IPv4 one written as IPv6, as mapped, translated,
+compatible and NAT64 addresses are, is judged by that IPv4 address alone, one that carries IPv4 ones, as
+6to4 and Teredo addresses do, by those too; any other IPv6 address must be global unicast, in 2000::/3)
+unless ``agent_allowed_hosts`` names the
 host or a network holding the address; the connection then goes to the address that was checked (the
 name travels in the Host header and in TLS SNI, so certificates are still verified against it), so a
 second DNS answer cannot point the request at our own servers. Bodies stop at ``agent_fetch_max_mb``.
@@ -30,10 +32,12 @@ MAX_REDIRECTS = 5
 TIMEOUT = 30.0
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-# RFC 8215's local-use NAT64 prefix: translated inside one network only, so it never leads anywhere public
-# (and the IPv4 address may sit at several places in it).
-LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
 IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+IPV4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # SIIT (RFC 2765): is_global is true for it
+# IPv6 forms that are an IPv4 address written as IPv6: the IPv4 address is where a packet ends up.
+IPV4_AS_IPV6 = (IPV4_MAPPED, IPV4_TRANSLATED, IPV4_COMPATIBLE, NAT64)
+GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")  # every public IPv6 address; ipaddress calls more global
 
 
 class FetchRefused(UserError):
@@ -67,10 +71,8 @@ def allowed(settings: Settings) -> tuple[set[str], list[ipaddress.IPv4Network | 
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    """The IPv4 addresses an IPv6 address carries (compatible, NAT64, 6to4, Teredo server and client): a
-    packet to it may be delivered to them, so each must be public too."""
-    if address in IPV4_COMPATIBLE or address in NAT64:
-        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    """The IPv4 addresses a global IPv6 address carries (6to4, Teredo server and client): a packet to it
+    may be delivered to them, so each must be public too."""
     if address.sixtofour is not None:
         return [address.sixtofour]
     if address.teredo is not None:
@@ -80,9 +82,11 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address
 
 def _public(address: Address) -> bool:
     if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:  # an IPv4 address written as IPv6: only the IPv4 one counts
-            return _public(address.ipv4_mapped)
-        if address in LOCAL_NAT64 or not all(_public(ipv4) for ipv4 in _embedded_ipv4(address)):
+        if any(address in form for form in IPV4_AS_IPV6):  # only the IPv4 address it is counts
+            return _public(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if address not in GLOBAL_UNICAST or not all(_public(ipv4) for ipv4 in _embedded_ipv4(address)):
+            # Outside 2000::/3: RFC 8215's local-use NAT64 prefix 64:ff9b:1::/48 too (translated inside one
+            # network only, the IPv4 address at one of several places in it), so it never passes.
             return False
     return address.is_global and not address.is_multicast
 
