@@ -54,6 +54,18 @@ class Unavailable(FleetError):
     http_status = 503
 
 
+class StoreError(Unavailable):
+    """The store cannot be opened or used (e.g. written by a newer fleet-rlm)."""
+
+
+class StoreLocked(StoreError):
+    """Another process held the store's write lock for longer than a write waits for it: try again."""
+
+
+class StoreFull(StoreError):
+    """The disk that holds the store has no space left: nothing is recorded until space is freed."""
+
+
 class TooLarge(UserError):
     """The request carries more data than allowed (an upload past ``upload_max_mb``)."""
 

@@ -27,14 +27,22 @@ from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox
 from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.telemetry import Telemetry, start_telemetry
 from fleet_rlm.core.workspace import Workspace
-from fleet_rlm.errors import Conflict, FleetError
+from fleet_rlm.errors import Conflict, FleetError, StoreError, StoreFull
 from fleet_rlm.sandbox.base import Sandbox, create_sandbox
 from fleet_rlm.store import ACTIVE_STATUSES, RunRecord, Store
-from fleet_rlm.types import Event, RunRequest, RunResult
+from fleet_rlm.types import RUN_FINISHED, Event, RunRequest, RunResult
 from fleet_rlm.volumes import Volumes, volumes_for
 from fleet_rlm.volumes.quota import volume_quota
 
 log = logging.getLogger(__name__)
+
+# A run's end (its final row and run.finished) that the store's full disk refuses is tried again after
+# each of these pauses (seconds), so space freed meanwhile records the run as it ended. Past them, its
+# followers see it end failed and it is recorded so as soon as the store can be written again, tried
+# every _RECORD_LATER seconds (first, at most).
+_FULL_RETRIES = (0.5, 1.0, 2.0, 4.0)
+_RECORD_LATER = (0.5, 5.0)
+_FULL_DISK_END = "the store's disk is full: this run ended ({status}), but its record could not be saved whole"
 
 
 def new_id(prefix: str) -> str:
@@ -51,6 +59,15 @@ class Replay:
     program: Any  # an RLMProgram (or a wrapper with its ``aforward(runtime)``)
     version: str  # recorded as the run's program version: a version id or "candidate:<hash>"
     parent: str  # the optimization's id
+
+
+@dataclass
+class Unrecorded:
+    """A run's end the store's full disk refused: recorded failed once the store can be written again."""
+
+    fields: dict[str, Any]  # the run row's final columns
+    data: dict[str, Any]  # its run.finished
+    error: StoreFull  # what waiting for the run raises meanwhile
 
 
 @dataclass
@@ -83,6 +100,8 @@ class Engine:
         self._workspace: Workspace | None = None
         self._preflight = asyncio.Lock()
         self._telemetry: Telemetry | None = None
+        self._unrecorded: dict[str, Unrecorded] = {}  # run id -> its end, waiting for the store's disk
+        self._recorder: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
@@ -118,6 +137,11 @@ class Engine:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._recorder:  # after the runs: one cancelled while waiting for the disk hands its end here
+            self._recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recorder
+        await self._record_unrecorded_once()  # a last try; if the disk is still full, readers find it interrupted
         # Sessions stay open in the store: a later process may continue them (with a fresh REPL).
         for session in list(self._sessions.values()):
             await self._discard(session)
@@ -265,6 +289,9 @@ class Engine:
         task = self._tasks.get(run_id)
         if task is not None:
             await asyncio.shield(task)
+        unrecorded = self._unrecorded.get(run_id)
+        if unrecorded is not None:  # the store holds no end for it (yet): say why, not "running"
+            raise unrecorded.error
         return self.workspace.run_result(run_id)
 
     async def cancel(self, run_id: str) -> bool:
@@ -490,43 +517,84 @@ class Engine:
         error: str | None,
         started: float,
     ) -> None:
-        """Record the final row, then run.finished; both are durable when this returns."""
+        """Record the final row and run.finished (one transaction); both are durable when this returns.
+
+        A full disk is waited out for a while (``_FULL_RETRIES``); past that the run's followers see it
+        end, waiting for it raises ``StoreFull``, and it is recorded failed once the store writes again."""
         store = self._require_store()
-        bus = self.bus
-        assert bus is not None
         usage = ctx.usage_report() if ctx else {}
         iterations = ctx.iterations if ctx else 0
         llm_calls = ctx.budget.llm_calls if ctx else 0
         finished = time.time()
-        # Both queued before the first await, so a cancel landing here cannot leave one out.
-        final_row = store.submit(
-            store.runs.update,
-            run_id,
-            status=status,
-            answer=answer,
-            stop_reason=stop_reason,
-            error=error,
-            usage=usage,
-            iterations=iterations,
-            llm_calls=llm_calls,
-            finished_at=finished,
+        fields = {
+            "status": status, "answer": answer, "stop_reason": stop_reason, "error": error, "usage": usage,
+            "iterations": iterations, "llm_calls": llm_calls, "finished_at": finished,
+        }  # fmt: skip
+        data = {
+            "status": status, "answer": answer, "stop_reason": stop_reason, "error": error, "usage": usage,
+            "iterations": iterations, "llm_calls": llm_calls, "seconds": round(finished - started, 3),
+        }  # fmt: skip
+        full: StoreFull | None = None
+        try:
+            for pause in (0.0, *_FULL_RETRIES):
+                if pause:
+                    await asyncio.sleep(pause)
+                try:
+                    # Queued at once (a cancel landing here cannot leave it out) and shielded.
+                    await store.write(_record_end, store, run_id, fields, data)
+                    return
+                except StoreFull as exc:
+                    if full is None:
+                        log.warning("%s; run %s ended (%s): trying again to record it", exc, run_id, status)
+                    full = exc
+        except asyncio.CancelledError:  # the engine closes while the disk is full
+            if full is not None:
+                self._record_later(run_id, fields, data, full)
+            raise
+        assert full is not None
+        self._record_later(run_id, fields, data, full)
+
+    def _record_later(self, run_id: str, fields: dict[str, Any], data: dict[str, Any], full: StoreFull) -> None:
+        """End the run for its followers now and record it failed once the store can be written again."""
+        error = _FULL_DISK_END.format(status=fields["status"])
+        where = self.store.path.parent if self.store else self.settings.home
+        end = Unrecorded(
+            fields={**fields, "status": "failed", "error": error},
+            data={**data, "status": "failed", "error": error},
+            error=StoreFull(
+                f"the store's disk is full: run {run_id} ended ({fields['status']}) but could not be recorded;"
+                f" free space on the disk of {where}"
+            ),
         )
-        bus.publish(
-            run_id,
-            "run.finished",
-            {
-                "status": status,
-                "answer": answer,
-                "stop_reason": stop_reason,
-                "error": error,
-                "usage": usage,
-                "iterations": iterations,
-                "llm_calls": llm_calls,
-                "seconds": round(finished - started, 3),
-            },
-        )
-        await bus.flush()
-        final_row.result()  # committed by now; raises if the update failed
+        self._unrecorded[run_id] = end
+        if self.bus is not None:
+            self.bus.end_unstored(run_id, end.data)
+        log.info("%s: run %s is recorded failed once the store can be written again", full, run_id)
+        if self._recorder is None or self._recorder.done():
+            self._recorder = asyncio.create_task(self._record_when_possible(), name="record runs' ends")
+
+    async def _record_when_possible(self) -> None:
+        pause = _RECORD_LATER[0]
+        while self._unrecorded:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RECORD_LATER[1])
+            await self._record_unrecorded_once()
+
+    async def _record_unrecorded_once(self) -> bool:
+        """Try to record every unrecorded run's end; False while the store still refuses."""
+        store = self.store
+        for run_id, end in list(self._unrecorded.items()):
+            if store is None:
+                return False
+            try:
+                if await store.write(_record_end, store, run_id, end.fields, end.data, only_active=True):
+                    log.warning("run %s is recorded failed: the store's disk was full when it ended", run_id)
+            except StoreError:  # still full (or locked by another process): the next round
+                return False
+            except Exception:  # the run is gone (deleted): nothing to record
+                log.warning("run %s's end could not be recorded", run_id, exc_info=True)
+            self._unrecorded.pop(run_id, None)
+        return True
 
     # -- sessions ------------------------------------------------------------------------------
 
@@ -586,3 +654,17 @@ class Engine:
                 if not session.lock.locked() and now - session.last_used > self.settings.session_idle_seconds:
                     log.info("closing idle session %s", sid)
                     await self.close_session(sid)
+
+
+def _record_end(
+    store: Store, run_id: str, fields: dict[str, Any], data: dict[str, Any], *, only_active: bool = False
+) -> bool:
+    """On the store's writer thread, in one transaction: the run's final row and its run.finished.
+    ``only_active``: not if the run has ended meanwhile (a late try of a write that got through)."""
+    if only_active:
+        rows = store.read("SELECT status FROM runs WHERE id = ?", (run_id,))
+        if not rows or rows[0][0] not in ACTIVE_STATUSES:
+            return False
+    store.runs.update(run_id, **fields)
+    store.runs.append_event(run_id, RUN_FINISHED, data)
+    return True

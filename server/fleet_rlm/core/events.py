@@ -22,11 +22,13 @@ event). Secrets never reach events: the store passes every event's data through
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+from fleet_rlm.redaction import redact
 from fleet_rlm.store import Store
 from fleet_rlm.types import EVENT_KINDS, EVENT_VERSION, RUN_FINISHED, Event
 
@@ -105,6 +107,24 @@ class EventBus:
 
         Thread-safe. ``data`` belongs to the bus from here on: do not change it afterwards."""
         self._store.runs.queue_event(run_id, kind, data, node=node, parent=parent, depth=depth)
+
+    def end_unstored(self, run_id: str, data: dict[str, Any]) -> Event:
+        """Hand the run's ``run.finished`` to those who follow it live, though the store could not take
+        it (its disk is full): they end instead of waiting for an event that never commits. It has the
+        seq the store gives it when it can be written; the engine writes it then (``Engine._finish``)."""
+        event: Event = {
+            "v": EVENT_VERSION,
+            "run_id": run_id,
+            "seq": self._store.runs.last_seq(run_id) + 1,
+            "ts": time.time(),
+            "kind": RUN_FINISHED,
+            "node": "root",
+            "parent": None,
+            "depth": 0,
+            "data": json.loads(json.dumps(redact(data), default=str)),  # as a stored event reads
+        }
+        self._deliver([event])
+        return event
 
     async def flush(self) -> None:
         """Wait until every event published so far is stored and handed to subscribers."""

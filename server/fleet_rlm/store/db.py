@@ -19,12 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet_rlm.config import private_dir
-from fleet_rlm.errors import Unavailable
+from fleet_rlm.errors import StoreError, StoreFull, StoreLocked
 
-
-class StoreError(Unavailable):
-    """The store cannot be opened or used (e.g. written by a newer fleet-rlm)."""
-
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "StoreError", "connect", "migrate", "store_error"]
 
 _V1 = """
 CREATE TABLE sessions (
@@ -353,6 +350,26 @@ def _busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
 
 
+def _full(exc: BaseException) -> bool:
+    """The disk has no space left for the write (SQLITE_FULL: SQLite's word for ENOSPC)."""
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL
+
+
+def store_error(exc: BaseException, path: Path) -> BaseException:
+    """``exc`` as the person reads it when it is the store's lock or its disk (``StoreLocked``,
+    ``StoreFull``, which every face maps: CLI exit 1, HTTP 503, a tool error); anything else as it is."""
+    if _busy(exc):
+        return StoreLocked(
+            f"the store {path} stayed locked for {_BUSY_SECONDS:g} s by another fleet-rlm process;"
+            " try again when it is less busy"
+        )
+    if _full(exc):
+        return StoreFull(
+            f"the store's disk is full: nothing can be recorded in {path.parent} until space is freed there"
+        )
+    return exc
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) the database at ``path`` and bring its schema up to date."""
     private_dir(path.parent)
@@ -367,11 +384,9 @@ def connect(path: Path) -> sqlite3.Connection:
         migrate(conn)
     except BaseException as exc:
         conn.close()
-        if _busy(exc):
-            raise StoreError(
-                f"the store {path} stayed locked for {_BUSY_SECONDS:g} s by another fleet-rlm process;"
-                " try again when it is less busy"
-            ) from None
+        error = store_error(exc, path)
+        if error is not exc:
+            raise error from None
         raise
     return conn
 
@@ -428,6 +443,7 @@ def migrate(conn: sqlite3.Connection) -> int:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite ends it itself on some errors (a full disk)
+            conn.execute("ROLLBACK")
         raise
     return SCHEMA_VERSION

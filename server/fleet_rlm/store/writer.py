@@ -13,6 +13,11 @@ jobs published (``Tx.published``) handed to the listeners: durable before visibl
 Queue order is commit order: a job commits with or after every job queued before it. A batch
 that starts with a job nobody waits for (an event) stays open up to ``_LINGER`` for more (group
 commit); a job somebody waits for closes it at once.
+
+When the transaction itself fails, every job of the batch fails with it: the lock stayed busy
+(``StoreLocked``), the disk is full (``StoreFull``: SQLite then rolls the whole transaction back
+itself, savepoints and all, which ``Connection.in_transaction`` tells), ... The thread lives on, and
+logs one line per outage rather than one per lost event.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fleet_rlm.store.db import StoreError, connect
+from fleet_rlm.store.db import StoreError, connect, store_error
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +69,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._tx: Tx | None = None  # the open transaction; only the writer thread touches it
+        self._lost_writes = 0  # queued writes lost since the last commit that worked (writer thread only)
         self.listeners: list[Listener] = []  # called on the writer thread, after COMMIT: must not block
 
     def submit(self, job: Job, *, wait: bool = True) -> Future[Any] | None:
@@ -156,15 +162,18 @@ class Writer:
                 outcomes.append((future, *(_alone(tx, job) if lone else _in_savepoint(tx, job))))
             conn.execute("ROLLBACK" if lone and outcomes[0][2] is not None else "COMMIT")
         except Exception as exc:  # the transaction itself failed: the lock stayed busy, disk full, ...
-            with contextlib.suppress(sqlite3.Error):  # the thread must live on: callers wait on it
-                conn.execute("ROLLBACK")
-            log.error("the store could not commit %d queued write(s), which are lost: %s", len(batch), exc)
+            if conn.in_transaction:  # not when SQLite ended it itself (SQLITE_FULL rolls it back)
+                with contextlib.suppress(sqlite3.Error):  # the thread must live on: callers wait on it
+                    conn.execute("ROLLBACK")
+            error = store_error(exc, self._path)
+            self._lost(len(batch), error)
             for _, future in batch:
                 if future is not None:
-                    future.set_exception(exc)
+                    future.set_exception(error)
             return
         finally:
             self._tx = None
+        self._recovered()
         # Visible only now. Listeners first: whoever waits on a future then finds the events delivered.
         if tx.published:
             for listener in list(self.listeners):
@@ -173,6 +182,8 @@ class Writer:
                 except Exception:
                     log.exception("a store commit listener failed")
         for future, result, error in outcomes:
+            if error is not None:
+                error = store_error(error, self._path)
             if future is None:
                 if error is not None:
                     log.warning("a queued store write failed: %s", error)
@@ -181,15 +192,33 @@ class Writer:
             else:
                 future.set_result(result)
 
+    def _lost(self, count: int, error: BaseException) -> None:
+        """Say once per outage that writes are being lost (a full disk fails every commit until space
+        is freed: one line, not one per event), and count them for the line that ends it."""
+        if self._lost_writes == 0:
+            log.error("the store could not commit %d queued write(s), which are lost: %s", count, error)
+        else:
+            log.debug("the store could not commit %d more queued write(s): %s", count, error)
+        self._lost_writes += count
+
+    def _recovered(self) -> None:
+        if self._lost_writes:
+            log.warning("the store commits again; %d queued write(s) were lost before", self._lost_writes)
+            self._lost_writes = 0
+
 
 def _in_savepoint(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
     """Run one job; on failure undo just its changes (and what it published). Errors of the
-    transaction itself (ROLLBACK TO failing) propagate and fail the batch."""
+    transaction itself (SQLite ended it, ROLLBACK TO failing) propagate and fail the batch."""
     mark = len(tx.published)
     tx.conn.execute("SAVEPOINT job")
     try:
         result = job(tx)
     except Exception as exc:
+        if not tx.conn.in_transaction:
+            # SQLite ended the whole transaction itself (SQLITE_FULL rolls it back): the savepoint and
+            # every job before this one are gone, so the batch fails, with this job's error.
+            raise
         tx.conn.execute("ROLLBACK TO job")
         tx.conn.execute("RELEASE job")
         del tx.published[mark:]
@@ -205,10 +234,13 @@ def _awaited(item: Any) -> bool:
 
 
 def _alone(tx: Tx, job: Job) -> tuple[Any, BaseException | None]:
-    """Run a batch's only job; if it fails, the caller rolls the transaction back."""
+    """Run a batch's only job; if it fails, the caller rolls the transaction back (if SQLite has
+    not ended it itself: then it is the transaction's failure, which propagates)."""
     try:
         return job(tx), None
     except Exception as exc:
+        if not tx.conn.in_transaction:
+            raise
         tx.published.clear()
         return None, exc
 
