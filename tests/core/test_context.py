@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_rlm.core.context import ContextError, StagedContext, _File, _read_text, stage_context
+from fleet_rlm.core.context import ContextError, StagedContext, _File, _read_bytes, stage_context
 from fleet_rlm.volumes import LocalVolumes
 from tests.support.bounded import finishes
 
@@ -81,7 +81,7 @@ def test_a_file_that_changes_while_read_is_skipped(tmp_path: Path) -> None:
         return fd, before
 
     with pytest.raises(Exception, match="changed while being read"):
-        _read_text(_File("live.log", open_then_grow), 1 << 20)
+        _read_bytes(_File("live.log", open_then_grow), 1 << 20)
 
 
 def _stage_unprivileged(folder: Path, dest: Path) -> dict[str, object]:

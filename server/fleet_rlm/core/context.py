@@ -23,8 +23,10 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleet_rlm.core.ignore import GitIgnore
+from fleet_rlm.core.inputs.documents import KIND_NAMES, Converter, Unconvertible, document_kind, image_type
 from fleet_rlm.errors import UserError
 from fleet_rlm.volumes import VolumeError, Volumes, parse_volume_ref
 from fleet_rlm.volumes.safepath import READ_FLAGS, special_name
@@ -32,6 +34,7 @@ from fleet_rlm.volumes.safepath import READ_FLAGS, special_name
 SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache", ".tox"}
 SNIFF_BYTES = 8192
 MAX_FILE_BYTES = 256 * 1024 * 1024  # one file; bigger ones are skipped rather than filling memory
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one image: what vision models accept, with room
 SHOWN = 20  # report lines per list
 
 
@@ -48,9 +51,40 @@ class Source:
     name: str
     start: int = 0
     end: int = 0
+    kind: str = "text"  # text, a document kind (pdf, docx ...) or image
+    parts: list[dict[str, Any]] = field(default_factory=list)  # pages, slides, sheets: absolute spans
+    note: str = ""  # what conversion found ("300 pages"), shown in the report
+    mime: str | None = None  # images
+    size: int = 0  # bytes of the file (images)
+
+    def brief(self) -> dict[str, object]:
+        """What the opening prompt shows: the parts counted, not listed (``sources`` has them)."""
+        data = self.to_dict()
+        if self.parts:
+            kinds = {p["kind"] for p in self.parts}
+            data["parts"] = f"{len(self.parts)} {kinds.pop() if len(kinds) == 1 else 'part'}(s) with spans"
+        return data
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, "start": self.start, "end": self.end}
+        data: dict[str, object] = {"name": self.name, "start": self.start, "end": self.end}
+        if self.kind != "text":
+            data["kind"] = self.kind
+        if self.parts:
+            data["parts"] = self.parts
+        if self.mime is not None:
+            data |= {"mime": self.mime, "bytes": self.size}
+        return data
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """An image of the context: kept host-side (a copy in the run's scratch folder, which no sandbox
+    can write), listed in ``sources`` and sent to a vision model by its name."""
+
+    name: str
+    path: Path
+    mime: str
+    size: int
 
 
 @dataclass
@@ -60,10 +94,17 @@ class StagedContext:
     sources: list[Source]
     skipped: list[str] = field(default_factory=list)  # "name: reason", files that could not be read
     excluded: list[str] = field(default_factory=list)  # hidden, SKIP_DIRS and .gitignore'd paths
+    images: list[ImageSource] = field(default_factory=list)
+    converted: int = 0  # documents parsed in this staging
+    cache_hits: int = 0  # documents whose text came from the conversion cache
 
     def report(self) -> str:
+        documents = [s for s in self.sources if s.kind not in ("text", "image")]
         lines = [f"{len(self.sources)} source(s), {self.length:,} characters"]
-        lines += [f"  {s.name}: {s.end - s.start:,} chars" for s in self.sources[:50]]
+        if documents or self.images:
+            cached = f", {self.cache_hits} from the cache" if self.cache_hits else ""
+            lines[0] += f"; {len(documents)} document(s) converted{cached}, {len(self.images)} image(s)"
+        lines += [f"  {s.name}: {_described(s)}" for s in self.sources[:50]]
         if len(self.sources) > 50:
             lines.append(f"  … and {len(self.sources) - 50} more")
         if self.skipped:
@@ -74,6 +115,15 @@ class StagedContext:
             shown = ", ".join(self.excluded[:SHOWN]) + (" …" if len(self.excluded) > SHOWN else "")
             lines.append(f"left out {len(self.excluded)} hidden or ignored path(s) (ask to include them): {shown}")
         return "\n".join(lines)
+
+
+def _described(source: Source) -> str:
+    if source.kind == "image":
+        return f"image ({source.mime}, {source.size:,} bytes)"
+    chars = f"{source.end - source.start:,} chars"
+    if source.kind not in KIND_NAMES:
+        return chars
+    return f"{chars} ({KIND_NAMES[source.kind]}{', ' + source.note if source.note else ''})"
 
 
 @dataclass
@@ -249,32 +299,66 @@ def _expand(spec: str, volumes: Volumes | None, roots: list[Path] | None, includ
     return found
 
 
-def _read_text(item: _File, max_bytes: int) -> str:
-    """The file's text, or ``_Skip`` if it is binary, too large, or changed while being read."""
+@dataclass
+class _Read:
+    """What one file gave: text (maybe converted) or an image's bytes."""
+
+    text: str = ""
+    kind: str = "text"
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+    image: bytes | None = None
+    mime: str | None = None
+
+
+def _read_bytes(item: _File, max_bytes: int) -> tuple[bytes, bytes]:
+    """The file's first bytes and all of them, or ``_Skip`` if too large or changed while being read."""
     fd, before = item.open()
     with os.fdopen(fd, "rb") as fh:
         if before.st_size > max_bytes:
             raise _Skip(f"too large ({before.st_size:,} bytes; the limit is {max_bytes:,})")
         head = fh.read(SNIFF_BYTES)
-        if b"\0" in head:
-            raise _Skip("binary")
         data = head + fh.read(max_bytes + 1 - len(head))
         after = os.fstat(fh.fileno())
     if len(data) > max_bytes:
         raise _Skip(f"too large (grew past {max_bytes:,} bytes while being read)")
     if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or len(data) != after.st_size:
         raise _Skip("changed while being read")
-    return data.decode("utf-8", errors="replace")
+    return head, data
+
+
+def _read(item: _File, max_bytes: int, converter: Converter | None) -> _Read:
+    """The file's text (a document's converted), an image, or ``_Skip`` with the reason."""
+    head, data = _read_bytes(item, max_bytes)
+    kind = document_kind(item.name, head) if converter is not None else None
+    if kind is not None:
+        assert converter is not None
+        try:
+            done = converter.convert(kind, data)
+        except Unconvertible as exc:
+            raise _Skip(str(exc)) from None
+        return _Read(done.text, kind, done.parts, done.note)
+    mime = image_type(head)
+    if mime is not None:
+        if len(data) > MAX_IMAGE_BYTES:
+            raise _Skip(f"an image too large ({len(data):,} bytes; the limit is {MAX_IMAGE_BYTES:,})")
+        return _Read(kind="image", image=data, mime=mime)
+    if b"\0" in head:
+        raise _Skip("binary")
+    return _Read(data.decode("utf-8", errors="replace"))
 
 
 def _sniff_text(item: _File, max_bytes: int) -> bool:
-    """Would staging keep this file? Its first bytes say so without reading the rest."""
+    """Would staging keep this file (text, a document or an image)? Its first bytes say so."""
     try:
         fd, st = item.open()
     except _Skip:
         return False
     with os.fdopen(fd, "rb") as fh:
-        return st.st_size <= max_bytes and b"\0" not in fh.read(SNIFF_BYTES)
+        head = fh.read(SNIFF_BYTES)
+    if st.st_size > max_bytes:
+        return False
+    return b"\0" not in head or document_kind(item.name, head) is not None or image_type(head) is not None
 
 
 def check_host_paths(
@@ -302,17 +386,30 @@ def stage_context(
     roots: list[Path] | None = None,
     include_hidden: bool = False,
     max_file_bytes: int = MAX_FILE_BYTES,
+    converter: Converter | None = None,
+    named: list[tuple[str, Path]] | None = None,
 ) -> StagedContext:
     """Write every source into ``dest`` (UTF-8) and return where each one landed.
 
     With ``roots``, host files (after following links) must lie under one of them; volume
     sources are not host paths and are not confined by it. ``include_hidden`` reads hidden
-    entries, ``SKIP_DIRS`` and ``.gitignore``'d paths too."""
+    entries, ``SKIP_DIRS`` and ``.gitignore``'d paths too. With a ``converter``, documents become
+    text and images are kept (copied beside ``dest``); without one they are skipped as binary.
+    ``named`` are host-owned files or folders shown under another name (a fetched page by its URL,
+    a cloned repository by its URL and ref)."""
     found = _Found()
     for spec in paths or []:
         one = _expand(spec, volumes, roots, include_hidden)
         found.files += one.files
         found.skipped += one.skipped
+        found.excluded += one.excluded
+    for display, path in named or []:
+        one = _expand(str(path), None, None, include_hidden)
+        prefix = str(path).rstrip("/")
+        for file in one.files:
+            file.name = display + file.name[len(prefix) :]
+        found.files += one.files
+        found.skipped += [display + line[len(prefix) :] for line in one.skipped]
         found.excluded += one.excluded
     entries: list[tuple[str, _File | str]] = [(f.name, f) for f in found.files]
     entries += [(f"text-{i}" if len(texts or []) > 1 else "text", t) for i, t in enumerate(texts or [], 1)]
@@ -325,30 +422,51 @@ def stage_context(
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ContextError(f"cannot stage the context: {dest} is not a regular file")
+    images: list[ImageSource] = []
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         for name, item in entries:
+            read = _Read(item) if isinstance(item, str) else None
             if isinstance(item, _File):
                 try:
-                    text = _read_text(item, max_file_bytes)
+                    read = _read(item, max_file_bytes, converter)
                 except _Skip as exc:
                     skipped.append(f"{name}: {exc}")
                     continue
-            else:
-                text = item
+            assert read is not None
+            if read.image is not None:
+                images.append(_keep_image(dest.parent, len(images), name, read))
+                sources.append(Source(name, offset, offset, "image", mime=read.mime, size=len(read.image)))
+                continue
+            text = read.text
             if not single:  # one source needs no header
                 header = f"===== {name} ({len(text):,} chars) =====\n"
                 out.write(header)
                 offset += len(header)
             out.write(text)
-            sources.append(Source(name, offset, offset + len(text)))
+            parts = [{**p, "start": p["start"] + offset, "end": p["end"] + offset} for p in read.parts]
+            sources.append(Source(name, offset, offset + len(text), read.kind, parts, read.note))
             offset += len(text)
             if not single:
                 out.write("\n\n")
                 offset += 2
-    if (paths or texts) and not sources:
+    if (paths or texts or named) and not sources:
         reasons = "; ".join(skipped[:5]) or "nothing to read"
         raise ContextError(f"no text found in the given context: every file was skipped ({reasons})")
-    return StagedContext(dest, offset, sources, skipped, found.excluded)
+    staged = StagedContext(dest, offset, sources, skipped, found.excluded, images)
+    if converter is not None:
+        staged.converted, staged.cache_hits = converter.converted, converter.cache_hits
+    return staged
+
+
+def _keep_image(folder: Path, index: int, name: str, read: _Read) -> ImageSource:
+    """A host-only copy of an image, in the staging's own folder (the run's scratch)."""
+    assert read.image is not None and read.mime is not None
+    path = folder / "images" / f"{index}.{read.mime.rsplit('/', 1)[1]}"
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(read.image)
+    return ImageSource(name, path, read.mime, len(read.image))
 
 
 def preview(path: Path, length: int, chars: int = 500) -> str:

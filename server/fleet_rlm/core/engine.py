@@ -22,6 +22,7 @@ from typing import Any
 from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.admission import admit, text_to_read
 from fleet_rlm.core.events import EventBus
+from fleet_rlm.core.inputs.documents import Converter
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
@@ -419,6 +420,7 @@ class Engine:
                     roots=self.settings.allowed_context_roots,
                     keep_context=bool(session and session.has_context),
                     include_hidden=req.include_hidden,
+                    converter=Converter(self.settings.home / "cache" / "documents", isolation=self.settings.isolation),
                 )
                 if staged is not None:
                     emit(

@@ -47,6 +47,7 @@ class RunHost(Protocol):
 
     async def child(self, parent: NodeRuntime, prompt: str, context: str | None) -> str: ...
 
+
 PREVIEW = 200
 QUERY_PREVIEW = 2000
 
@@ -143,9 +144,7 @@ class NodeRuntime:
             raise TypeError("llm_query_batched takes a list of prompt strings")
         batch = self.run.next_batch_id()
         return list(
-            await asyncio.gather(
-                *(self._subcall(p, batch=(batch, i, len(prompts))) for i, p in enumerate(prompts))
-            )
+            await asyncio.gather(*(self._subcall(p, batch=(batch, i, len(prompts))) for i, p in enumerate(prompts)))
         )
 
     async def rlm_query(self, prompt: str, context: str | None = None) -> str:
@@ -228,7 +227,7 @@ class NodeRuntime:
                 f"context (str, {staged.length:,} chars, {len(staged.sources)} source(s)); preview:\n"
                 + preview(staged.path, staged.length)
             )
-            shown = [s.to_dict() for s in staged.sources[:20]]
+            shown = [s.brief() for s in staged.sources[:20]]
             more = f" ... and {len(staged.sources) - 20} more in `sources`" if len(staged.sources) > 20 else ""
             lines.append(f"sources: {json.dumps(shown)}{more}")
         elif staged is not None:

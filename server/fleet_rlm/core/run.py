@@ -14,6 +14,7 @@ from typing import Any
 from fleet_rlm.config import Settings
 from fleet_rlm.core.budget import Budget, Limits
 from fleet_rlm.core.context import StagedContext, stage_context
+from fleet_rlm.core.inputs.documents import Converter
 from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
 from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
@@ -123,9 +124,7 @@ class RunContext:
             spec = self.sandbox_spec(node)
             spec.near = parent.sandbox  # a backend may place the child beside its parent (Daytona: shared)
             async with open_sandbox(self.settings, spec, usage=self.usage) as sandbox:
-                staged = await load_inputs(
-                    sandbox, self.inputs_file(node), prompt, texts=[context] if context else []
-                )
+                staged = await load_inputs(sandbox, self.inputs_file(node), prompt, texts=[context] if context else [])
                 origin = parent.step_path(parent.step) + ">"  # this child's calls are recorded under it
                 runtime = NodeRuntime(
                     self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged,
@@ -214,6 +213,7 @@ async def load_inputs(
     roots: list[Path] | None = None,
     keep_context: bool = False,
     include_hidden: bool = False,
+    converter: Converter | None = None,
 ) -> StagedContext | None:
     """Put query, context and sources into the REPL once, as data through the sandbox protocol.
 
@@ -222,10 +222,23 @@ async def load_inputs(
     await sandbox.set_var("volumes", dict(sandbox.volume_paths))  # name -> path inside the sandbox
     if keep_context and not paths and not texts:
         return None
-    staged = await asyncio.to_thread(
-        stage_context, staging, paths=paths, texts=texts, volumes=volumes, roots=roots,
-        include_hidden=include_hidden,
-    )
+
+    def stage() -> StagedContext:
+        try:
+            return stage_context(
+                staging,
+                paths=paths,
+                texts=texts,
+                volumes=volumes,
+                roots=roots,
+                include_hidden=include_hidden,
+                converter=converter,
+            )
+        finally:  # its parser process ends with the staging
+            if converter is not None:
+                converter.close()
+
+    staged = await asyncio.to_thread(stage)
     await sandbox.put_text("context", staged.path)
     await sandbox.set_var("sources", [s.to_dict() for s in staged.sources])
     return staged
