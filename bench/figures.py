@@ -305,10 +305,10 @@ def prompt_growth(b: Bench) -> Result:
 def documents(b: Bench) -> Result:
     """A 500-page PDF staged as a run stages it (isolated parser, cache), against PDFium in-process."""
     import pypdfium2
+    from tests.support.documents import pdf
 
     from fleet_rlm.core.context import stage_context
     from fleet_rlm.core.inputs.documents import Converter
-    from tests.support.documents import pdf
 
     pages = 500
     path = b.work / "docs" / "report.pdf"
