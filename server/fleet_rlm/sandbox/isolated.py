@@ -13,15 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_rlm.sandbox.base import SandboxError
 from fleet_rlm.sandbox.local import (  # the sandbox's own flags, so the two cannot drift apart
     _SEAL,
     _bwrap,
     _python,
-    _refuse_root_unisolated,
     _seccomp_fd,
     _system_binds,
-    detect_isolation,
+    choose_isolation,
 )
 
 INSIDE = "/fleet"
@@ -41,13 +39,7 @@ def python_command(script: Path, args: list[str], libs: list[Path], isolation: s
     """The command that runs ``script`` with ``args``; each folder of ``libs`` (a package) is bound
     read-only and importable. The last argument the script gets is the folder to put on sys.path.
     The fds in ``pass_fds`` are valid until the context exits (start the process inside it)."""
-    available, why = detect_isolation()
-    if isolation == "auto":
-        _refuse_root_unisolated(available)
-        isolation = "bwrap" if available == "bwrap" else "none"
-    elif isolation == "bwrap" and available != "bwrap":
-        raise SandboxError(why)
-    if isolation == "none":
+    if choose_isolation(isolation) == "none":
         lib_dir = str(libs[0].parent) if libs else ""
         yield Command([_python(), "-I", "-S", str(script), *args, lib_dir], dict(_ENV), (), False)
         return

@@ -216,6 +216,19 @@ def _refuse_root_unisolated(available: str) -> None:
         raise SandboxError(ROOT_UNISOLATED)
 
 
+def choose_isolation(isolation: str) -> Literal["bwrap", "none"]:
+    """What ``isolation`` (auto, bwrap, none) means here; SandboxError where it cannot be had."""
+    available, why = detect_isolation()
+    if isolation == "auto":
+        _refuse_root_unisolated(available)
+        return "bwrap" if available == "bwrap" else "none"
+    if isolation == "bwrap" and available != "bwrap":
+        raise SandboxError(why)
+    if isolation not in ("bwrap", "none"):
+        raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', not {isolation!r}")
+    return "bwrap" if isolation == "bwrap" else "none"
+
+
 class LocalSandbox:
     """A persistent Python REPL in a sandboxed subprocess, driven from asyncio."""
 
@@ -242,14 +255,7 @@ class LocalSandbox:
         for name in self.volumes:
             if not name or "/" in name or name in (".", ".."):
                 raise ValueError(f"invalid volume name {name!r}")
-        available, why = detect_isolation()
-        if isolation == "auto":
-            _refuse_root_unisolated(available)
-            isolation = "bwrap" if available == "bwrap" else "none"
-        elif isolation == "bwrap" and available != "bwrap":
-            raise SandboxError(why)
-        elif isolation not in ("bwrap", "none"):
-            raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', not {isolation!r}")
+        isolation = choose_isolation(isolation)
         self.isolation: str = isolation
         bwrap = isolation == "bwrap"
         self.volumes_read_only = read_only_volumes and bwrap  # only bubblewrap can mount them so
