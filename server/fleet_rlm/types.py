@@ -187,6 +187,8 @@ class SubcallFinishedData(Usage, total=False):
     response_chars: int
     error: str | None
     batch: dict[str, int]  # {"id", "index", "size"}
+    images: int  # image parts the call sent (llm_query(images=...)); never their pixels
+    image_bytes: int  # their bytes together
 
 
 class ChildStartedData(TypedDict):

@@ -9,7 +9,12 @@ program and the HTTP wire is exercised. Two kinds of request arrive:
   ```` ```repl ```` blocks) is answered in its own dialect, ``SUBMIT(x)`` becoming its
   ``answer["content"] = x; answer["ready"] = True``;
 * sub-queries (``llm_query`` prompts): answered by the scenario's ``sub`` function from the
-  text the prompt carries, like a model reading it would.
+  text the prompt carries, like a model reading it would. A sub-query carrying images (OpenAI's
+  ``image_url`` content parts with ``data:`` URLs, or Anthropic's base64 ``image`` blocks) has them
+  decoded into ``Request.images`` (mime and bytes, as the server received them) and is answered by
+  the scenario's ``see(prompt, images)`` when it has one; each image adds ``image_tokens`` prompt
+  tokens to the reply's usage, as providers bill them. With ``refuse_images`` a request carrying
+  images is refused (400), as a text-only model's server answers.
 
 A scenario can answer differently when the prompt carries a marker (``when``: marker -> steps),
 as a model follows an instruction or a demo it is shown: how tests prove an optimized program
@@ -34,6 +39,8 @@ header and key back (bare, reversed and split into pieces), as careless provider
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 import random
@@ -75,6 +82,15 @@ def default_sub(prompt: str) -> str:
     return found.group(1) if found else "NONE"
 
 
+@dataclass(frozen=True)
+class Image:
+    """An image part of a request, as the server decoded it (``mime`` from the data URL's header)."""
+
+    mime: str
+    data: bytes
+    url: str | None = None  # set when the part named a URL instead of carrying its bytes
+
+
 @dataclass
 class Scenario:
     """Root steps for questions containing ``trigger``; step k answers with ``steps[k]``."""
@@ -82,6 +98,7 @@ class Scenario:
     trigger: str
     steps: list[str]
     sub: Callable[[str], str] = default_sub
+    see: Callable[[str, list[Image]], str] | None = None  # answers sub-queries that carry images
     reasoning: str = "Working through the input step by step."
     when: dict[str, list[str]] = field(default_factory=dict)  # marker in the prompt -> these steps instead
     style: str = "fields"  # one of STYLES: how each structured reply is written
@@ -96,6 +113,7 @@ class Request:
     auth: str | None
     prompt_chars: int = 0
     reply_chars: int = 0
+    images: list[Image] = field(default_factory=list)  # image parts of its messages, decoded
 
 
 @dataclass
@@ -134,6 +152,8 @@ class OracleState:
     field_replies: dict[str, str] = field(default_factory=dict)  # output field -> reply (proposals, reflection)
     cache_reads: int = 0  # prompt tokens each reply reports as read from the prompt cache (at most the prompt's)
     cache_writes: int = 0  # and as written to it
+    image_tokens: int = 85  # prompt tokens each image adds to a reply's usage (OpenAI's low-detail figure)
+    refuse_images: bool = False  # a request carrying images gets a 400, as a text-only model's server answers
     requests: list[Request] = field(default_factory=list)
     models_listed: int = 0  # GETs of the model list (a preflight's), counted apart from the calls
     hold: threading.Event | None = None  # when given, each call waits for it once recorded (a test looks meanwhile)
@@ -146,6 +166,35 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(part.get("text", "") for part in content if isinstance(part, dict))
     return str(content or "")
+
+
+def _data_url(url: str) -> Image:
+    header, comma, payload = url.partition(",")
+    if not (url.startswith("data:") and comma and header.endswith(";base64")):
+        return Image("", b"", url=url)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        data = b""
+    return Image(header[len("data:") : -len(";base64")], data)
+
+
+def _images(messages: list[dict[str, Any]]) -> list[Image]:
+    """Every image part of the messages, decoded: the chat API's ``image_url`` and Anthropic's ``image``."""
+    found = []
+    for message in messages:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "image_url":
+                image = part.get("image_url")
+                found.append(_data_url(str(image.get("url", "") if isinstance(image, dict) else image)))
+            elif part.get("type") == "image" and isinstance(part.get("source"), dict):
+                source = part["source"]
+                data = source.get("data", "")
+                found.append(Image(str(source.get("media_type", "")), base64.b64decode(data) if data else b""))
+    return found
 
 
 class OracleLM(LoopbackServer):
@@ -291,6 +340,7 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 started=time.monotonic(),
                 auth=self.headers.get("Authorization"),
                 prompt_chars=prompt_chars,
+                images=_images(messages),
             )
             with state.lock:
                 state.requests.append(record)
@@ -308,6 +358,10 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                 if failure:
                     self.send_json(failure, {"error": {"message": self._failure_message(), "type": "server_error"}})
                     return
+                if state.refuse_images and record.images:
+                    error = {"message": "This model does not support image input.", "type": "invalid_request_error"}
+                    self.send_json(400, {"error": {**error, "code": "image_input_unsupported"}})
+                    return
                 if state.strict_models and body.get("model") not in state.models:
                     model = body.get("model")
                     error = {"message": f"The model `{model}` does not exist.", "code": "model_not_found"}
@@ -317,10 +371,11 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
                     content = _root_answer(state, messages, dialect or "chat")
                 else:
                     prompt = _text(messages[-1].get("content")) if messages else ""
-                    content = _sub_answer(state, prompt)
+                    content = _sub_answer(state, prompt, record.images)
                 record.reply_chars = len(content)
                 reply = _message if anthropic else _completion
-                self.send_json(200, reply(body.get("model", "oracle"), content, prompt_chars, state))
+                prompt_tokens = max(1, prompt_chars // 4) + state.image_tokens * len(record.images)
+                self.send_json(200, reply(body.get("model", "oracle"), content, prompt_tokens, state))
             finally:
                 with state.lock:
                     state.in_flight -= 1
@@ -340,16 +395,19 @@ def _handler(state: OracleState) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _sub_answer(state: OracleState, prompt: str) -> str:
-    for scenario in state.scenarios:
-        if scenario.trigger in prompt:
-            return scenario.sub(prompt)
+def _sub_answer(state: OracleState, prompt: str, images: list[Image] | None = None) -> str:
     # Sub-queries rarely repeat the question; use the first scenario's reader.
-    return state.scenarios[0].sub(prompt) if state.scenarios else default_sub(prompt)
+    scenario = next(
+        (s for s in state.scenarios if s.trigger in prompt), state.scenarios[0] if state.scenarios else None
+    )
+    if scenario is None:
+        return default_sub(prompt)
+    if images and scenario.see is not None:
+        return scenario.see(prompt, images)
+    return scenario.sub(prompt)
 
 
-def _completion(model: str, content: str, prompt_chars: int, state: OracleState) -> dict[str, Any]:
-    prompt_tokens = max(1, prompt_chars // 4)
+def _completion(model: str, content: str, prompt_tokens: int, state: OracleState) -> dict[str, Any]:
     completion_tokens = max(1, len(content) // 4)
     cached = {"prompt_tokens_details": {"cached_tokens": min(state.cache_reads, prompt_tokens)}}
     return {
@@ -367,9 +425,8 @@ def _completion(model: str, content: str, prompt_chars: int, state: OracleState)
     }
 
 
-def _message(model: str, content: str, prompt_chars: int, state: OracleState) -> dict[str, Any]:
+def _message(model: str, content: str, prompt_tokens: int, state: OracleState) -> dict[str, Any]:
     """A reply of Anthropic's messages API, whose ``input_tokens`` leave out the cache's."""
-    prompt_tokens = max(1, prompt_chars // 4)
     read = min(state.cache_reads, prompt_tokens)
     written = min(state.cache_writes, prompt_tokens - read)
     return {

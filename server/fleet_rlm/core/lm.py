@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import http.client
 import json
 import os
@@ -138,20 +139,88 @@ class MeteredLM(dspy.LM):
             sink.append(entry)
 
     # A run's record keeps every call's reply and, in a replay or a fork, answers from it (core.tape), keyed
-    # by the messages as the program wrote them: the cache marks only go on the wire.
+    # by the messages as the program wrote them: the cache marks only go on the wire, and an image part is
+    # keyed by its digest (``keyed``). A call carrying images is checked for vision only when it goes out:
+    # a replay answers it from the record whatever model is configured now.
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        live = functools.partial(super().__call__, prompt, messages=self._on_wire(messages), **kwargs)
-        return tape.call(prompt, messages, live, usage_records(), self._explain)
+        call = functools.partial(super().__call__, prompt, messages=self._on_wire(messages), **kwargs)
+
+        def live() -> Any:
+            self._check_vision(messages)
+            return call()
+
+        return tape.call(prompt, keyed(messages), live, usage_records(), self._explain)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        live = functools.partial(super().acall, prompt, messages=self._on_wire(messages), **kwargs)
-        return await tape.acall(prompt, messages, live, usage_records(), self._explain)
+        call = functools.partial(super().acall, prompt, messages=self._on_wire(messages), **kwargs)
+
+        async def live() -> Any:
+            self._check_vision(messages)
+            return await call()
+
+        return await tape.acall(prompt, keyed(messages), live, usage_records(), self._explain)
+
+    def _check_vision(self, messages: Any) -> None:
+        if image_parts(messages):
+            refusal = vision_refusal(self.model)
+            if refusal:
+                raise NoVision(refusal)
 
     def _on_wire(self, messages: Any) -> Any:
         return mark_cacheable(messages) if self.mark_cache and messages else messages
 
     def _explain(self, exc: Exception) -> str:
         return explain_lm_error(exc, self)
+
+
+class NoVision(ConfigError):
+    """A call carries images and its model takes none, as LiteLLM's model map says."""
+
+
+IMAGE_PART = "image_url"  # the chat API's content part LiteLLM translates for every provider
+
+
+def image_parts(messages: Any) -> int:
+    """How many image parts the messages carry (none for a plain prompt or a transcript of text)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for m in messages
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for part in m["content"]
+        if isinstance(part, dict) and part.get("type") == IMAGE_PART
+    )
+
+
+def keyed(messages: Any) -> Any:
+    """The messages as a run's record keys them: each image part by the SHA-256 of its data URL (its mime
+    and bytes), so the record never holds pixels and a replay matches the same images, read again."""
+    if not image_parts(messages):
+        return messages
+    return [{**m, "content": [_digest(p) for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in messages]  # fmt: skip
+
+
+def _digest(part: Any) -> Any:
+    if not (isinstance(part, dict) and part.get("type") == IMAGE_PART):
+        return part
+    image = part.get(IMAGE_PART)
+    url = image.get("url", "") if isinstance(image, dict) else str(image)
+    return {"type": IMAGE_PART, "sha256": hashlib.sha256(str(url).encode("utf-8", "surrogatepass")).hexdigest()}
+
+
+def vision_refusal(model: str) -> str | None:
+    """Why ``model`` cannot take images, when LiteLLM's model map lists it without vision; None when the map
+    says it can, or does not know the model (a local server's, a new one): then its provider has the last word."""
+    info = _cost_entry(model)
+    if not info or info.get("supports_vision"):
+        return None
+    return (
+        f"the sub model {model} does not take images (LiteLLM's model map lists it without vision): set "
+        "FLEET_SUB_LM_MODEL to a vision model, e.g. openai/gpt-4o-mini, anthropic/claude-sonnet-4-5 or "
+        "gemini/gemini-2.5-flash, or ask without images"
+    )
 
 
 def _detail(holder: Any, name: str) -> Any:

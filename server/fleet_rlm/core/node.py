@@ -11,11 +11,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import dspy
+from dspy.utils.exceptions import (
+    ContextWindowExceededError,
+    LMAuthError,
+    LMRateLimitError,
+    LMTimeoutError,
+    LMTransportError,
+)
 
+from fleet_rlm.core import images as images_of
 from fleet_rlm.core import tape
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
-from fleet_rlm.core.lm import CallUsage, explain_lm_error, metered
+from fleet_rlm.core.lm import CallUsage, NoVision, explain_lm_error, metered
 from fleet_rlm.core.program import extract_code
 from fleet_rlm.core.replies import noting_reply_forms
 from fleet_rlm.redaction import redact_text
@@ -128,23 +136,29 @@ class NodeRuntime:
 
         return call
 
-    async def llm_query(self, prompt: str) -> str:
-        """One sub-model call; errors reach the REPL code as RuntimeError."""
+    async def llm_query(self, prompt: str, images: list[Any] | None = None) -> str:
+        """One sub-model call, with ``images`` (source names or bytes, ``core.images``) as image parts;
+        a refused prompt or image list raises ValueError/TypeError, a failed call RuntimeError."""
         refusal = self._prompt_refusal(prompt)
         if refusal:
             raise ValueError(refusal)
-        result = await self._subcall(prompt, batch=None)
+        refs = images_of.resolve(images, self.staged)
+        result = await self._subcall(prompt, batch=None, images=refs)
         if result.startswith("[ERROR]"):
             raise RuntimeError(result[8:])
         return result
 
-    async def llm_query_batched(self, prompts: list[str]) -> list[str]:
-        """Concurrent sub-calls (bounded run-wide); a failure fills only its own slot."""
+    async def llm_query_batched(self, prompts: list[str], images: list[Any] | None = None) -> list[str]:
+        """Concurrent sub-calls (bounded run-wide); a failure fills only its own slot. ``images`` holds one
+        list of images per prompt (``[]`` for none); a slot whose images are refused gets its reason."""
         if not isinstance(prompts, list):
             raise TypeError("llm_query_batched takes a list of prompt strings")
+        per_prompt = images_of.resolve_batch(images, len(prompts), self.staged)
         batch = self.run.next_batch_id()
         return list(
-            await asyncio.gather(*(self._subcall(p, batch=(batch, i, len(prompts))) for i, p in enumerate(prompts)))
+            await asyncio.gather(
+                *(self._subcall(p, batch=(batch, i, len(prompts)), images=per_prompt[i]) for i, p in enumerate(prompts))
+            )
         )
 
     async def rlm_query(self, prompt: str, context: str | None = None) -> str:
@@ -180,21 +194,27 @@ class NodeRuntime:
             )
         return None
 
-    async def _subcall(self, prompt: Any, *, batch: tuple[int, int, int] | None) -> str:
+    async def _subcall(
+        self, prompt: Any, *, batch: tuple[int, int, int] | None, images: list[images_of.ImageRef] | str | None = None
+    ) -> str:
+        """One sub-call; ``images`` are sent as image parts (a str: why this slot's images were refused)."""
         slot = f"{self.step_path(self.step)}/sub{self._subs}"  # numbered before any wait: in the order asked
         self._subs += 1
-        refusal = self._prompt_refusal(prompt)
+        refusal = self._prompt_refusal(prompt) or (images if isinstance(images, str) else None)
         if refusal:
             return f"[ERROR] {refusal}"
+        images = images if isinstance(images, list) else []
         run = self.run
         data: dict[str, Any] = {"prompt_preview": prompt[:PREVIEW], "prompt_chars": len(prompt)}
         if batch:
             data["batch"] = {"id": batch[0], "index": batch[1], "size": batch[2]}
+        if images:  # counted, never shown: the pixels stay out of events
+            data.update(images=len(images), image_bytes=sum(i.size for i in images))
         try:
             self.budget.reserve(1)
-            async with run.subcall_gate:
+            async with run.subcall_gate:  # images are read inside it: at most FLEET_CONCURRENCY calls' worth held
                 with tape.at(run.tape, slot):
-                    answer, usage = await metered(lambda: run.sub_lm.acall(prompt=prompt), run.record_usage)
+                    answer, usage = await metered(lambda: self._ask(prompt, images), run.record_usage)
             text = str(answer[0]) if answer else ""
             data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
             data.update(usage_fields(usage))
@@ -202,11 +222,18 @@ class NodeRuntime:
             text = f"[ERROR] {exc.reason}"
             data["error"] = exc.reason
         except Exception as exc:
-            reason = explain_lm_error(exc, run.sub_lm)
+            reason = explain_lm_error(exc, run.sub_lm) + (_vision_hint(exc, run.sub_lm, len(images)) if images else "")
             text = f"[ERROR] {reason}"
             data["error"] = reason
         self.emit("subcall.finished", data)
         return text
+
+    async def _ask(self, prompt: str, images: list[images_of.ImageRef]) -> Any:
+        sub_lm = self.run.sub_lm
+        if not images:
+            return await sub_lm.acall(prompt=prompt)
+        messages = await asyncio.to_thread(images_of.messages, prompt, images)
+        return await sub_lm.acall(messages=messages)
 
     # -- what RLMProgram calls ---------------------------------------------------------------
 
@@ -222,7 +249,7 @@ class NodeRuntime:
     def opening_observation(self) -> str:
         lines = [f"query (str, {len(self.query):,} chars): {self.query_preview()}"]
         staged = self.staged
-        if staged is not None and staged.length:
+        if staged is not None and (staged.length or staged.images):
             lines.append(
                 f"context (str, {staged.length:,} chars, {len(staged.sources)} source(s)); preview:\n"
                 + preview(staged.path, staged.length)
@@ -230,6 +257,11 @@ class NodeRuntime:
             shown = [s.brief() for s in staged.sources[:20]]
             more = f" ... and {len(staged.sources) - 20} more in `sources`" if len(staged.sources) > 20 else ""
             lines.append(f"sources: {json.dumps(shown)}{more}")
+            if staged.images:
+                lines.append(
+                    f'images: {len(staged.images)} in `sources` (kind "image"; not in `context`); a sub-model sees '
+                    "them through llm_query(prompt, images=[name, ...])"
+                )
         elif staged is not None:
             lines.append("context: empty (no input given; work from the query)")
         else:
@@ -351,6 +383,27 @@ def _cache_fields(usage: CallUsage) -> dict[str, Any]:
         return {}
     written = {"cache_write_tokens": usage.cache_write_tokens} if usage.cache_write_tokens else {}
     return {"cached_tokens": usage.cached_tokens, **written, "saved": round(usage.saved, 8)}
+
+
+def _vision_hint(exc: BaseException, lm: Any, count: int) -> str:
+    """What to try when a call with images failed at a provider that did not say it cannot reach, wait or
+    authenticate: it may not take images (LiteLLM's map did not know the model, so it was asked)."""
+    settled = (
+        NoVision,
+        images_of.ImageUnreadable,
+        LMTransportError,
+        LMTimeoutError,
+        LMRateLimitError,
+        LMAuthError,
+        ContextWindowExceededError,
+    )
+    if isinstance(exc, settled):
+        return ""
+    model = getattr(lm, "model", "the sub model")
+    return (
+        f" (the request carried {count} image(s): if {model} does not take images, set FLEET_SUB_LM_MODEL to a "
+        "vision model)"
+    )
 
 
 def _require_text(value: Any) -> str:

@@ -38,10 +38,11 @@ class RLMAction(dspy.Signature):
     - `context` (str): the full input. Several sources are concatenated with headers;
       `sources` lists them as {name, start, end} character offsets into `context`.
     - `query` (str): the question.
-    - `llm_query(prompt) -> str`: ask a sub-model about a piece of text (it sees only the prompt;
-      it can read roughly 100K characters at once).
-    - `llm_query_batched(prompts) -> list[str]`: many sub-queries at once, run concurrently;
-      a failed slot holds a string starting with "[ERROR]".
+    - `llm_query(prompt, images=None) -> str`: ask a sub-model about a piece of text (it sees only the
+      prompt; it can read roughly 100K characters at once); `images` is a list of up to 8 images it
+      sees too: names of `sources` entries of kind "image", or bytes (PNG, JPEG, GIF, WebP).
+    - `llm_query_batched(prompts, images=None) -> list[str]`: many sub-queries at once, run
+      concurrently (`images`: one list per prompt); a failed slot holds a string starting with "[ERROR]".
     - `rlm_query(prompt, context=None) -> str`: hand a hard sub-problem to a child RLM with its own
       REPL (its `query` is `prompt`, its `context` is `context`); `rlm_query_batched(prompts,
       contexts=None) -> list[str]` runs several children concurrently.

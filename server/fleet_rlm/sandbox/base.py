@@ -36,6 +36,9 @@ ERROR_KINDS: tuple[str, ...] = ("syntax", "exception", "timeout", "memory", "unk
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Deepest nesting of lists/dicts accepted in a message (JSON recursion is a denial of service).
 MAX_DEPTH = 64
+# How bytes in a host call's arguments cross as JSON: {BYTES_TAG: "<base64>"} (worker.py writes it; the
+# host function that takes bytes, llm_query's images, reads it back). Keep in step with worker.BYTES_TAG.
+BYTES_TAG = "__fleet_bytes__"
 MB = 1024 * 1024
 
 

@@ -12,7 +12,9 @@ Host -> worker (every request carries ``id``; only ``execute`` replies ``done``)
   put_text {name, blob}                   -> {"op":"ok","id"} or {"op":"error","id","error"}
   result {id, ok, value | error}          -> answer to a host call (no reply)
   shutdown                                -> worker exits (EOF on stdin as well)
-Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions.
+Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions. Bytes
+in a call's arguments (an image the code made, for ``llm_query(prompt, images=[...])``) cross as
+``{"__fleet_bytes__": "<base64>"}``, in lists and dicts too (``_wire``).
 No message may exceed MAX_MESSAGE bytes: the host stops a worker that sends one.
 A request the worker cannot read, or a reply it cannot send, ends it at once (exit code 70, the
 reason on stderr): the host would otherwise wait out the step's time limit for a reply.
@@ -30,6 +32,7 @@ import threading
 import types
 import weakref
 from ast import Expr, Expression, parse
+from binascii import b2a_base64
 from collections import deque
 from collections.abc import Callable
 from json import JSONDecoder, JSONEncoder
@@ -89,6 +92,8 @@ PLAIN_DATA_CHARS = 100_000  # trailing values up to this size (as JSON) also tra
 STREAM_INTERVAL = 0.2  # seconds between live output chunks
 REPL_FILENAME = "<repl>"
 RESERVED = frozenset({"SUBMIT", "__builtins__"})  # no host function or variable may take these
+BYTES_TAG = "__fleet_bytes__"  # keep in step with fleet_rlm.sandbox.base.BYTES_TAG
+WIRE_DEPTH = 8  # how deep in a call's lists and dicts bytes are looked for (images=[[png, ...], ...] is 3)
 
 
 class _Submit(BaseException):
@@ -293,8 +298,8 @@ class Worker:
             line = _encode({"op": "call", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs})
             if len(line) > MAX_MESSAGE:
                 raise ValueError(
-                    f"{name}: the arguments are {len(line) >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit "
-                    "of one call; pass smaller pieces (slice the text, or batch fewer prompts per call)"
+                    f"{name}: the arguments are {len(line) >> 20} MB, over the {MAX_MESSAGE >> 20} MB limit of one "
+                    "call; pass smaller pieces (slice the text, send fewer images, or batch fewer prompts per call)"
                 )
             self.outgoing.put(line)
             while True:
@@ -313,7 +318,7 @@ class Worker:
 
     def define(self, name: str) -> None:
         def host_function(*args: Any, **kwargs: Any) -> Any:
-            return self.host_call(name, args, kwargs)
+            return self.host_call(name, _wire(args), _wire(kwargs))
 
         host_function.__name__ = host_function.__qualname__ = name
         self.owned[name] = self.namespace[name] = host_function
@@ -615,6 +620,20 @@ def _plain(value: Any) -> Any:
         return None
     # Through JSON and back: tuples become lists, keys strings, exactly as the host will see it.
     return loads(text) if len(text) <= PLAIN_DATA_CHARS else None
+
+
+def _wire(value: Any, depth: int = 0) -> Any:
+    """A host call's argument as it crosses to the host: bytes as ``{BYTES_TAG: base64}`` (JSON has no
+    bytes, and ``default=str`` would send their repr), looked for inside lists, tuples and dicts too."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {BYTES_TAG: b2a_base64(value, newline=False).decode("ascii")}
+    if depth >= WIRE_DEPTH:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_wire(item, depth + 1) for item in value]
+    if isinstance(value, dict):
+        return {key: _wire(item, depth + 1) for key, item in value.items()}
+    return value
 
 
 def _identifier(name: Any) -> str:
