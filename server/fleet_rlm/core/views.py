@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet_rlm.core.progress import ProgressTracker
 from fleet_rlm.core.trace import build_trace, summarize_step
 from fleet_rlm.errors import NotFound
-from fleet_rlm.types import Event, RunResult, RunStatus, tokens_of
+from fleet_rlm.types import CONTEXT_LOADED, Event, RunResult, RunStatus, tokens_of
 
 if TYPE_CHECKING:
     from fleet_rlm.store import RunRecord
@@ -34,6 +34,58 @@ class View(BaseModel):
 # -- runs ---------------------------------------------------------------------------------------
 
 
+class InputsSummary(View):
+    """What went into a run's context: counts, the files skipped and why, and the size report, from the
+    run's ``context.loaded`` event. Every face shows this one view (a run page, a tool result)."""
+
+    summary: str = Field(
+        description='The counts in one line: "1 document (3 pages) · 1 image · 12,345 characters from 3 sources".'
+    )
+    chars: int = Field(description="Characters of the context the REPL reads.")
+    sources: int = Field(description="Entries of `sources`: files, pasted texts, pages, images.")
+    documents: int = Field(0, description="Documents converted to text (PDF, DOCX, PPTX, XLSX, EPUB, ...).")
+    pages: int = Field(0, description="Pages of the PDFs among them.")
+    images: int = Field(0, description="Images kept as files for llm_query(images=...).")
+    cached: int = Field(0, description="Documents whose text came from the conversion cache.")
+    skipped_count: int = Field(0, description="Files that could not be read; `skipped` lists the first 50.")
+    skipped: list[str] = Field(default_factory=list, description='Skipped files, as "name: reason".')
+    report: str = Field("", description="The size report: every source with its size and parts, every skip.")
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n:,} {noun if n == 1 else noun + 's'}"
+
+
+def inputs_summary(data: dict[str, Any]) -> InputsSummary:
+    """The view of one ``context.loaded`` event's data (events from before the counts read as zeros)."""
+    skipped = [str(line) for line in data.get("skipped") or []]
+    counts = {k: int(data.get(k) or 0) for k in ("chars", "sources", "documents", "pages", "images", "cached")}
+    skipped_count = int(data.get("skipped_count") or len(skipped))
+    parts = []
+    if counts["documents"]:
+        within = [_counted(counts["pages"], "page")] if counts["pages"] else []
+        within += [f"{counts['cached']:,} from the cache"] if counts["cached"] else []
+        parts.append(_counted(counts["documents"], "document") + (f" ({', '.join(within)})" if within else ""))
+    if counts["images"]:
+        parts.append(_counted(counts["images"], "image"))
+    parts.append(f"{_counted(counts['chars'], 'character')} from {_counted(counts['sources'], 'source')}")
+    if skipped_count:
+        parts.append(f"{_counted(skipped_count, 'file')} skipped")
+    return InputsSummary(
+        summary=" · ".join(parts), **counts, skipped_count=skipped_count, skipped=skipped,
+        report=str(data.get("report") or ""),
+    )  # fmt: skip
+
+
+def inputs_of(events: Sequence[Event]) -> InputsSummary | None:
+    """What went into the run whose events these are; None if it loaded no context (a session's
+    follow-up without new inputs keeps the session's)."""
+    for event in events:
+        if event["kind"] == CONTEXT_LOADED and (event.get("node") or "root") == "root":
+            return inputs_summary(event.get("data") or {})
+    return None
+
+
 class RunOutput(View):
     """The outcome of a finished run."""
 
@@ -47,6 +99,9 @@ class RunOutput(View):
     stop_reason: str | None = Field(None, description="Why the run stopped without an answer, if it did.")
     error: str | None = None
     session_id: str | None = None
+    inputs: InputsSummary | None = Field(
+        None, description="What went into the context (counts, skipped files); null if the run loaded none."
+    )
 
 
 class Progress(View):
@@ -87,6 +142,9 @@ class RunState(View):
     parent_run_id: str | None = Field(None, description="What a replay replays, or a fork was forked from.")
     fork_at: str | None = Field(None, description="A fork's step in its parent run, NODE:STEP (root:3).")
     pinned: bool = Field(False, description="Kept by retention (pin_run).")
+    inputs: InputsSummary | None = Field(
+        None, description="What went into the context (counts, skipped files); null until it is loaded, or none."
+    )
 
 
 class RunSummary(View):
@@ -147,6 +205,7 @@ def run_state(rec: RunRecord, events: Sequence[Event]) -> RunState:
         usage=rec.usage or {},
         progress=progress,
         pinned=rec.pinned,
+        inputs=inputs_of(events),
         **lineage_of(rec),
     )
 

@@ -18,13 +18,14 @@ from fleet_rlm.core.rerun import ReplayReport, replay_report
 from fleet_rlm.core.volume_operations import VolumeOperations
 from fleet_rlm.errors import Conflict, NotFound, RunNotFound, UserError
 from fleet_rlm.store import RunRecord, Store
-from fleet_rlm.types import ACTIVE_STATUSES, STATUSES, Event, RunResult
+from fleet_rlm.types import ACTIVE_STATUSES, LM_CALL, STATUSES, Event, RunResult
 from fleet_rlm.volumes import Volumes, volumes_for
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
 
 EXPORT_PAGE = 1000
+INPUTS_PAGE = 50  # events read at a time looking for context.loaded (a few come before it)
 MIN_ID_PART = 4  # hex characters of an id that refer to a run (after its kind letter, for a prefix)
 MAX_REF_CHARS = 64  # longer than any run id (a kind letter, 6 random hex, the creation time in ms as hex)
 SHOWN_REF_CHARS = 80  # of a reference a message quotes
@@ -99,6 +100,18 @@ class Workspace(VolumeOperations):
 
     def run_result(self, run_id: str) -> RunResult:
         return views.run_result(self.run(run_id))
+
+    def inputs(self, run_id: str) -> views.InputsSummary | None:
+        """What went into the run's context (``views.inputs_of``), read without its steps: the context
+        is loaded before the first model call, so the reading stops there."""
+        full_id = self.resolve_run(run_id)
+        after = 0
+        while page := self.store.runs.events(full_id, after_seq=after, limit=INPUTS_PAGE):
+            found = views.inputs_of(page)
+            if found is not None or any(e["kind"] == LM_CALL for e in page):
+                return found
+            after = page[-1]["seq"]
+        return None
 
     def replay_report(self, run_id: str) -> ReplayReport:
         """How a replay compares with the run it replays, step by step (docs/replay.md)."""

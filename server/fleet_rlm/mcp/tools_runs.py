@@ -141,7 +141,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         )
         with user_errors():
             run_id = await eng.start_run(req)
-        return run_output(await _to_the_end(eng, run_id, ctx))
+        return run_output(await _to_the_end(eng, run_id, ctx), eng.workspace)
 
     @server.tool(
         title="Start a run in the background",
@@ -339,7 +339,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             fork_id = await eng.fork(run_id, at, code=code, instruction=instruction, max_iters=max_iters)
         result = await _to_the_end(eng, fork_id, ctx)
         state = eng.workspace.run_state(fork_id)
-        return ForkOutput(**run_output(result).model_dump(), parent_run_id=run_id, fork_at=state.fork_at or at)
+        out = run_output(result, eng.workspace)
+        return ForkOutput(**out.model_dump(), parent_run_id=run_id, fork_at=state.fork_at or at)
 
 
 def _request(

@@ -48,8 +48,10 @@ def _hint(exc: FleetError) -> str:
     return NO_MODEL_HINT if isinstance(exc, NoModelConfigured) else ""
 
 
-def run_output(result: RunResult) -> RunOutput:
-    return RunOutput(**result.to_dict(), trace_uri=trace_uri(result.run_id))
+def run_output(result: RunResult, workspace: Workspace) -> RunOutput:
+    """A finished run's result with what went into it (the core view every face shows)."""
+    inputs = workspace.inputs(result.run_id)
+    return RunOutput(**result.to_dict(), inputs=inputs, trace_uri=trace_uri(result.run_id))
 
 
 def run_state(workspace: Workspace, run_id: str) -> RunState:

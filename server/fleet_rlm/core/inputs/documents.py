@@ -99,7 +99,7 @@ class Converter:
         self._proc: subprocess.Popen[bytes] | None = None
         self._version = _parser_digest()
         self.converted = 0  # files parsed (not cached) in this staging
-        self.cache_hits = 0
+        self.cache_hits = 0  # documents whose text came from the cache (a remembered skip is not one)
 
     def convert(self, kind: str, data: bytes) -> Converted:
         key = hashlib.sha256(f"{kind}:{self._version}:".encode() + data).hexdigest()
@@ -128,8 +128,7 @@ class Converter:
         except (OSError, ValueError):
             return None
         if "skip" in reply:  # a file that failed fails the same way again: not parsed twice
-            self.cache_hits += 1
-            raise Unconvertible(reply["skip"])
+            raise Unconvertible(reply["skip"])  # a skip, not a document from the cache (cache_hits)
         return Converted(reply["text"], reply.get("parts", []), reply.get("note", ""), cached=True)
 
     def _store(self, key: str, reply: dict[str, Any]) -> None:
