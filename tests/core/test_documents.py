@@ -22,7 +22,7 @@ from fleet_rlm.core.inputs.documents import Converter
 from fleet_rlm.sandbox.local import detect_isolation
 from fleet_rlm.types import RunRequest
 from tests.support import documents as make
-from tests.support.oracle_lm import OracleLM, Scenario
+from tests.support.oracle_lm import Image, OracleLM, Scenario
 
 pytestmark = pytest.mark.anyio
 
@@ -211,19 +211,28 @@ async def test_a_run_answers_from_a_pdf_page_and_a_slide(
         "deck = next(s for s in sources if s['name'].endswith('deck.pptx'))\n"
         "page = pdf['parts'][36]; slide = deck['parts'][1]\n"
         "print(context[page['start']:page['end']]); print(context[slide['start']:slide['end']])",
+        "red = next(s['name'] for s in sources if s['name'].endswith('red.png'))\n"
+        "colour = llm_query('What colour is this?', images=[red])\nprint(colour)",
         "import re\ncode = re.search(r'vault code is (\\d+)', context).group(1)\n"
-        "date = re.search(r'launch date is ([^.]+)', context).group(1)\nSUBMIT(code + ' / ' + date)",
+        "date = re.search(r'launch date is ([^.]+)', context).group(1)\nSUBMIT(code + ' / ' + date + ' / ' + colour)",
     ]
-    oracle.add(Scenario("vault and launch", steps))
+    red = (folder / "red.png").read_bytes()
+
+    def look(prompt: str, images: list[Image]) -> str:  # the scripted vision model checks what arrived
+        return "red" if [(i.mime, i.data) for i in images] == [("image/png", red)] else "not the red image"
+
+    oracle.add(Scenario("vault and launch", steps, see=look))
     async with Engine() as engine:
         result = await engine.run(RunRequest("vault and launch: what are they?", context_paths=[str(folder)]))
         events = engine.events(result.run_id)
     assert result.status == "succeeded", result.error
-    assert result.answer == "7731 / May 4"
+    assert result.answer == "7731 / May 4 / red"
     loaded = next(e for e in events if e["kind"] == "context.loaded")["data"]
     assert "(PDF, 300 pages)" in loaded["report"] and "2 image(s)" in loaded["report"]
+    assert (loaded["documents"], loaded["pages"], loaded["images"], loaded["skipped_count"]) == (7, 300, 2, 0)
     first_prompt = str(oracle.requests("root")[0].messages)
     assert "300 page(s) with spans" in first_prompt and "'start': 1900" not in first_prompt  # counted, not listed
+    assert "data:image" not in str([r.messages for r in oracle.requests("root")])  # pixels only in the sub-call
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 

@@ -98,6 +98,18 @@ class StagedContext:
     converted: int = 0  # documents parsed in this staging
     cache_hits: int = 0  # documents whose text came from the conversion cache
 
+    def counts(self) -> dict[str, int]:
+        """What went in, counted for every face: documents, their pages, images, cache hits, skipped."""
+        documents = [s for s in self.sources if s.kind not in ("text", "image")]
+        pages = sum(1 for s in documents for p in s.parts if p["kind"] == "page")
+        return {
+            "documents": len(documents),
+            "pages": pages,
+            "images": len(self.images),
+            "cached": self.cache_hits,
+            "skipped_count": len(self.skipped),
+        }
+
     def report(self) -> str:
         documents = [s for s in self.sources if s.kind not in ("text", "image")]
         lines = [f"{len(self.sources)} source(s), {self.length:,} characters"]
