@@ -1,10 +1,11 @@
 // Run inspector (#/runs/ID): status, answer, the trace tree and the timeline (live while the run
 // goes, wherever it was started), tokens and cost per model, export, feedback, delete; its lineage
-// (a fork's or replay's source), Replay, and "Fork from here" on every step.
+// (a fork's or replay's source), Replay, and "Fork from here" on every step; what went in (inputs.js).
 
 import { api, followRun } from "../api.js";
 import { badge, confirmDialog, downloadLink, errorBox, field, fmtInt, fmtSeconds, fmtTime, h, replace, toast } from "../dom.js";
 import { lineageLine, openForkEditor, replayButton } from "../fork.js";
+import { inputsPanel } from "../inputs.js";
 import { renderTimeline } from "../timeline.js";
 import { TraceModel, TraceTree, answerBlock, cacheNote, usageTable } from "../trace.js";
 
@@ -85,6 +86,7 @@ function feedbackForm(runId) {
 export function renderInspector(main, { id }) {
   const rid = encodeURIComponent(id);
   const meta = h("dl", { class: "meta" });
+  const inputs = h("div", { class: "inputs-slot" });
   const statusSlot = h("span", {});
   const answer = h("div", { class: "answer-slot" });
   const usage = h("div", {});
@@ -152,6 +154,7 @@ export function renderInspector(main, { id }) {
       ["Steps", fmtInt(s.iterations)], ["Model calls", fmtInt(s.llm_calls)], ["Tokens", fmtInt(tokens || s.progress.tokens)],
       ["Prompt cache", cacheNote(s.usage.total) || "–"], ["Session", s.session_id || "–"]].map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));
     replace(usage, usageTable(s.usage));
+    replace(inputs, inputsPanel(s.inputs));
     if (!active) replace(answer, answerBlock(s));
     feedback.showRun(s);
   };
@@ -175,7 +178,7 @@ export function renderInspector(main, { id }) {
       downloadLink(`/api/runs/${rid}/export.html`, `${id}.html`, "HTML",
         { class: "button secondary small", title: "The run as one page to share: opens offline, secrets masked" }),
       pin, del, h("a", { href: "#/runs" }, "All runs")),
-    lineage, meta, answer, view,
+    lineage, meta, inputs, answer, view,
     h("section", { class: "card", "aria-labelledby": "usage-title" }, h("h2", { id: "usage-title" }, "Tokens and cost"), usage),
     feedback.section);
 
@@ -183,6 +186,7 @@ export function renderInspector(main, { id }) {
     onEvent: (ev) => {
       tree.feed(ev);
       if (ev.kind === "run.started") heading.textContent = ev.data.question || "Run";
+      if (ev.kind === "context.loaded" && !inputs.firstChild) refresh(); // what went in, without waiting for the poll
       drawTimeline();
     },
     onEnd: () => { refresh(); drawTimeline(); },

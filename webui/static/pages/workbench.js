@@ -1,8 +1,10 @@
-// Workbench: ask a question over files, pasted text and volume files; watch the trace stream in;
-// read and copy the answer; ask follow-ups in the same session (the same REPL, its variables kept).
+// Workbench: ask a question over files (documents and images too), pasted text and volume files;
+// watch the trace stream in and see what went in; read and copy the answer; ask follow-ups in the
+// same session (the same REPL, its variables kept).
 
 import { api, followRun, upload } from "../api.js";
 import { badge, errorBox, field, filePicker, fmtBytes, h, replace, toast } from "../dom.js";
+import { inputsPanel } from "../inputs.js";
 import { TraceModel, TraceTree, answerBlock } from "../trace.js";
 import { renderChat } from "./chat.js";
 
@@ -107,7 +109,8 @@ function firstSteps(useSample) {
     h("h2", { id: "first-steps-title" }, "First steps"),
     h("ol", {},
       h("li", {}, "Set a model in ", h("a", { href: "#/settings" }, "Settings"), " if the line above says none is configured."),
-      h("li", {}, "Give the context: drop or choose files, paste text, pick files of a volume, or use the sample."),
+      h("li", {}, "Give the context: drop or choose files (documents and images too), paste text, pick files of "
+        + "a volume, or use the sample."),
       h("li", {}, "Write a question and press Run: the trace grows here step by step, and the answer appears above it.")),
     sample);
 }
@@ -127,14 +130,18 @@ function turnView(turn) {
   } }, "Stop");
   const traceBox = h("div", { class: "trace-box" });
   const answer = h("div", { class: "answer-slot" });
+  const inputs = h("div", { class: "inputs-slot" });
   const connection = h("span", { class: "muted small" });
   const el = h("article", { class: "turn card", dataset: { run: turn.runId }, "aria-label": `Run ${turn.runId}` },
     h("header", { class: "turn-head" },
       h("h2", { class: "question" }, turn.question),
       h("div", { class: "turn-meta" }, status, stop, connection,
         h("a", { href: `#/runs/${encodeURIComponent(turn.runId)}` }, "Open in Runs"))),
-    answer, traceBox);
+    inputs, answer, traceBox);
   const tree = new TraceTree(traceBox, new TraceModel());
+  // What went in is the server's view of the run (GET /api/runs/ID), asked for once the context is loaded.
+  const showInputs = () => api(`/api/runs/${encodeURIComponent(turn.runId)}`).then(
+    (s) => replace(inputs, inputsPanel(s.inputs)), () => {});
   const finish = (run) => {
     replace(status, badge(run.status));
     stop.hidden = true;
@@ -145,6 +152,7 @@ function turnView(turn) {
     onEvent: (ev) => {
       tree.feed(ev);
       if (ev.kind === "run.started") replace(status, badge("running"));
+      if (ev.kind === "context.loaded") showInputs();
     },
     onEnd: (ev, runState) => finish(ev ? { ...ev.data } : runState),
     onState: (s) => { connection.textContent = s === "live" ? "" : s; },
@@ -167,7 +175,9 @@ function renderRunMode(main) {
   const { row: pickerRow, input: picker } = filePicker("Choose files");
   picker.addEventListener("change", () => { files.add([...picker.files]); picker.value = ""; });
   const drop = h("div", { class: "dropzone" },
-    h("p", {}, "Drop files here, or choose them:"), pickerRow, files.list);
+    h("p", {}, "Drop documents, images or text files here, or choose them:"), pickerRow,
+    h("p", { class: "muted small" }, "PDF, Word, PowerPoint, Excel, EPUB, notebooks and HTML are read as text; "
+      + "PNG, JPEG, GIF and WebP images are kept for sub-queries to a vision model."), files.list);
   drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (e) => {
