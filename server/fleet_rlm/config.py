@@ -331,8 +331,16 @@ class Settings(BaseSettings):
     )
     agent_fetch_max_mb: int = Field(20, ge=1, description="Largest web page or repository the agent pulls in, MB.")
     agent_allowed_hosts: str | None = Field(
-        None, description="Hosts or networks (comma-separated) the agent may fetch from although private or loopback."
+        None, description="The older name of fetch_allowed_hosts, still read: hosts either one names may be fetched."
     )
+
+    # Web pages and repositories as context (runs and the agent share one fetch policy: core/inputs/fetch.py).
+    fetch_allowed_hosts: str | None = Field(
+        None,
+        description="Hosts or networks (comma-separated) that runs and the agent may fetch from although private "
+        "or loopback (127.0.0.1, 10.0.0.0/8, git.internal).",
+    )
+    fetch_max_mb: int = Field(20, ge=1, description="Largest web page or repository one run fetches as context, MB.")
 
     # Every model key found, in the order the sources are read, with the endpoint it may go to.
     _model_keys: dict[str, tuple[BoundKey, ...]] = PrivateAttr(default_factory=dict)
@@ -764,6 +772,8 @@ RESTART_ONLY = {
     "`fleet-rlm config set daytona_api_url URL`, then restart",
     "agent_allowed_hosts": "it opens private and loopback hosts to the agent's fetches; set "
     "FLEET_AGENT_ALLOWED_HOSTS or run `fleet-rlm config set agent_allowed_hosts HOSTS`, then restart",
+    "fetch_allowed_hosts": "it opens private and loopback hosts to runs' and the agent's fetches; set "
+    "FLEET_FETCH_ALLOWED_HOSTS or run `fleet-rlm config set fetch_allowed_hosts HOSTS`, then restart",
     # Runs' traces (questions, code, outputs, answers) go where these say: a face must not move or stop them.
     "otel": "it turns the export of runs' traces on or off; set FLEET_OTEL or run "
     "`fleet-rlm config set otel true|false`, then restart",

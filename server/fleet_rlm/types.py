@@ -14,9 +14,11 @@ Events travel in a versioned envelope (``EVENT_VERSION``)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, Protocol
+from urllib.parse import urlsplit
 
 from typing_extensions import TypedDict  # pydantic builds the events schema from these (needs it before 3.12)
 
@@ -283,6 +285,49 @@ PAYLOADS: Final[dict[str, type]] = {
 }
 
 # -- requests and results ---------------------------------------------------------------------
+
+
+MAX_CONTEXT_URLS: Final = 20  # pages one run fetches
+MAX_URL_CHARS: Final = 2000
+# A branch or tag name git accepts and no option can hide in: a letter or digit first, no "..".
+GIT_REF: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+
+
+def check_fetch_url(url: object, what: str = "URL") -> str:
+    """``url`` if it is a plain http(s) URL with a host and no user name or password, else the
+    UserError every face gives. Only its form: whether its host may be fetched is the fetch policy's
+    (``core.inputs.fetch``), where names are resolved."""
+    if not isinstance(url, str) or not url.strip():
+        raise UserError(f"{what} is empty: give an http:// or https:// URL")
+    shown = url if len(url) <= 80 else url[:80] + "…"
+    if len(url) > MAX_URL_CHARS or any(ch.isspace() or ord(ch) < 32 for ch in url):
+        raise UserError(f"{what} '{shown}' is not a URL (too long, or with spaces or control characters)")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port out of range or not a number raises here
+    except ValueError:
+        raise UserError(f"{what} '{shown}' is not a URL") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise UserError(f"{what} '{shown}': only http:// and https:// URLs can be fetched")
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise UserError(f"{what} '{shown}' has no host, or carries a user name or password: give a plain URL")
+    return url
+
+
+def check_git_ref(ref: str) -> str:
+    if not isinstance(ref, str) or not GIT_REF.fullmatch(ref) or ".." in ref:
+        raise UserError(f"repository ref {str(ref)[:80]!r} is not a branch or tag name")
+    return ref
+
+
+def split_repo(spec: str) -> tuple[str, str | None]:
+    """``URL[@REF]`` (the CLI's ``--repo``) as (url, ref): an ``@`` after the host starts the ref."""
+    parts = urlsplit(spec)
+    if "@" in parts.path:
+        url, _, ref = spec.rpartition("@")
+        return url, ref or None
+    return spec, None
+
 
 
 @dataclass

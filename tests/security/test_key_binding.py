@@ -256,13 +256,14 @@ def test_a_key_for_no_model_yet_is_refused_with_the_fix(memory_keyring: None, mo
 
 @pytest.mark.slow
 def test_context_roots_cannot_be_changed_through_the_web_app(fleet_env: dict[str, str], tmp_path: Path) -> None:
-    """Settings that guard host files, where the Daytona key goes, or which private hosts the agent may
-    fetch are refused by a running server (and shown read-only), with how to change them."""
+    """Settings that guard host files, where the Daytona key goes, or which private hosts runs and the
+    agent may fetch are refused by a running server (and shown read-only), with how to change them."""
     settings_file = Path(fleet_env["FLEET_HOME"]) / "settings.json"
     guarded = {
         "context_roots": ("/", "FLEET_CONTEXT_ROOTS"),
         "daytona_api_url": ("http://127.0.0.1:9/api", "DAYTONA_API_URL"),
         "agent_allowed_hosts": ("127.0.0.1", "FLEET_AGENT_ALLOWED_HOSTS"),
+        "fetch_allowed_hosts": ("127.0.0.1", "FLEET_FETCH_ALLOWED_HOSTS"),
     }
     with fleet_web(tmp_path, web_env(fleet_env)) as web, web.api() as api:
         for name, (value, env) in guarded.items():

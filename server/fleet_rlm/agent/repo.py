@@ -1,20 +1,15 @@
 """Cloning a git repository into a volume's ``buffers/`` for the agent, within limits.
 
-The URL must be http(s) and its host public, checked like a web page (``fetch.check_url``), and git is
-pinned to the address that was checked (``http.curloptResolve``), follows no redirects, speaks only
-http(s), runs without the user's or the system's git config and hooks, never prompts, and checks out
-links as plain files (``core.symlinks=false``). Submodules are not fetched. The clone is shallow where the
-server allows it and is stopped once it grows past twice the size limit. Only regular files are copied
-into the volume (links and anything else are skipped, never followed), through the volume's safe write
-path, up to ``agent_fetch_max_mb`` in total.
+The clone itself is the product's one (``core.inputs.repo``: the fetch policy, git pinned to the checked
+address, no redirects, no config, hooks, credentials or submodules, links checked out as plain files,
+a size watch). Only regular files are then copied into the volume (links and anything else are skipped,
+never followed), through the volume's safe write path, up to ``agent_fetch_max_mb`` in total.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -22,15 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleet_rlm.agent.fetch import FetchRefused, check_url
-from fleet_rlm.errors import Unavailable, UserError
+from fleet_rlm.core.inputs.repo import clone as clone_repo
+from fleet_rlm.core.inputs.repo import git_available
 
 if TYPE_CHECKING:
     from fleet_rlm.config import Settings
     from fleet_rlm.core.volume_operations import VolumeOperations
 
-REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
-CLONE_SECONDS = 300.0
+__all__ = ["Copied", "add_repo", "clone", "copy_tree", "git_available"]
 MAX_FILES = 5000
 
 
@@ -41,99 +35,11 @@ class Copied:
     skipped: list[str] = field(default_factory=list)
 
 
-def git_available() -> str | None:
-    """The git executable, or None (``fleet-rlm doctor`` reports it)."""
-    return shutil.which("git")
-
-
-def _size(folder: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
-async def _git(args: list[str], cwd: Path, env: dict[str, str], watch: Path, limit: int) -> tuple[int, str]:
-    """Run git; kill it if ``watch`` grows past ``limit`` bytes or it takes too long."""
-    proc = await asyncio.create_subprocess_exec(
-        *args,
-        cwd=cwd,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    output = asyncio.ensure_future(proc.communicate())
-    elapsed = 0.0
-    try:
-        while True:  # checked once more after git exits: a fast clone can finish between two looks
-            await asyncio.wait([output], timeout=0.2)
-            elapsed += 0.2
-            too_big = watch.exists() and await asyncio.to_thread(_size, watch) > limit
-            if too_big or elapsed > CLONE_SECONDS:
-                why = f"is larger than {limit // 2 // (1024 * 1024)} MB" if too_big else "took too long to clone"
-                raise FetchRefused(f"the repository {why} (agent_fetch_max_mb)")
-            if output.done():
-                break
-        _out, err = output.result()
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        with contextlib.suppress(Exception):
-            await output
-    return proc.returncode or 0, err.decode(errors="replace")
-
-
 async def clone(url: str, ref: str | None, settings: Settings, into: Path) -> Path:
-    """Clone ``url`` at ``ref`` (a branch or tag; None: the default branch) under ``into``; the work tree."""
-    git = git_available()
-    if git is None:
-        raise Unavailable("git is not installed: install git to pull repositories in (`fleet-rlm doctor` checks it)")
-    if ref is not None and (not REF.fullmatch(ref) or ".." in ref):
-        raise UserError(f"ref {ref!r} is not a branch or tag name")
-    target = await check_url(url, settings)
-    limit = settings.agent_fetch_max_mb * 1024 * 1024 * 2  # the pack and the checkout
-    home = into / "home"
-    home.mkdir()
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_ALLOW_PROTOCOL": "http:https",
-        "LC_ALL": "C",
-    }
-    literal = f"[{target.address}]" if ":" in target.address else target.address
-    config = [
-        "-c",
-        f"http.curloptResolve={target.host}:{target.port}:{literal}",
-        "-c",
-        "http.followRedirects=false",
-        "-c",
-        "core.symlinks=false",
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "submodule.recurse=false",
-        "-c",
-        "protocol.file.allow=never",
-        "-c",
-        "credential.helper=",
-    ]
-    work = into / "repo"
-    branch = ["--branch", ref] if ref else []
-    base = [git, *config, "clone", "--quiet", "--no-tags", "--single-branch", "--no-recurse-submodules", *branch]
-    code, err = await _git([*base, "--depth", "1", "--", url, str(work)], into, env, work, limit)
-    if code != 0 and "shallow" in err:  # a dumb-HTTP server cannot serve a shallow clone: the size watch still holds
-        shutil.rmtree(work, ignore_errors=True)
-        code, err = await _git([*base, "--", url, str(work)], into, env, work, limit)
-    if code != 0:
-        last = (err.strip().splitlines() or ["git failed"])[-1]
-        raise UserError(f"cloning {url} failed: {last}")
-    return work
+    """Clone ``url`` at ``ref`` under ``into`` within the agent's size limit; the work tree."""
+    return await clone_repo(
+        url, ref, settings, into, max_mb=settings.agent_fetch_max_mb, limit_setting="agent_fetch_max_mb"
+    )
 
 
 def copy_tree(work: Path, volumes: VolumeOperations, volume: str, dest: str, max_bytes: int) -> Copied:

@@ -43,7 +43,9 @@ const LABELS = {
   agent_lm_model: "Agent model", agent_lm_api_base: "Agent model API base URL", agent_lm_api_key: "Agent model API key",
   agent_volume: "Agent volume", agent_approval_ttl_seconds: "Approval wait (seconds)",
   agent_run_cost_threshold: "Agent run cost needing approval (USD)", agent_fetch_max_mb: "Largest agent download (MB)",
-  agent_allowed_hosts: "Private hosts the agent may fetch",
+  agent_allowed_hosts: "Private hosts the agent may fetch (older name)",
+  fetch_allowed_hosts: "Private hosts runs and the agent may fetch",
+  fetch_max_mb: "Largest page or repository a run fetches (MB)",
 };
 
 function sourceNote(s) {
