@@ -53,6 +53,7 @@ EVENT_VERSION: Final = 1
 RUN_STARTED: Final = "run.started"
 RUN_FINISHED: Final = "run.finished"
 CONTEXT_LOADED: Final = "context.loaded"
+CONTEXT_FETCHED: Final = "context.fetched"  # a page or repository fetched for the context, before staging
 LM_CALL: Final = "lm.call"
 CODE_EXECUTED: Final = "code.executed"
 SUBCALL_FINISHED: Final = "subcall.finished"
@@ -72,6 +73,7 @@ EventKind = Literal[
     "run.started",
     "run.finished",
     "context.loaded",
+    "context.fetched",
     "lm.call",
     "code.executed",
     "subcall.finished",
@@ -85,8 +87,9 @@ EventKind = Literal[
     "optimize.finished",
 ]
 EVENT_KINDS: Final = frozenset(
-    {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED, CHILD_STARTED,
-     CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED, OPTIMIZE_FINISHED}
+    {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, CONTEXT_FETCHED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED,
+     CHILD_STARTED, CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED,
+     OPTIMIZE_FINISHED}
 )
 
 
@@ -154,6 +157,22 @@ class ContextLoadedData(TypedDict):
     sources: int
     skipped: list[str]
     report: str
+
+
+class _ContextFetched(TypedDict):
+    url: str  # as the request named it
+    kind: Literal["page", "repo"]
+    name: str  # its name in ``sources`` (a repository's files are NAME/PATH)
+    bytes: int  # the page's body; the repository's files
+    seconds: float
+
+
+class ContextFetchedData(_ContextFetched, total=False):
+    status: int  # a page's HTTP status
+    content_type: str  # a page's
+    final_url: str  # a page's, after redirects
+    ref: str | None  # a repository's branch or tag (None: its default branch)
+    files: int  # a repository's files in its work tree
 
 
 # How a root-model reply was written (``core.replies``); "unreadable" ones are only counted.
@@ -271,6 +290,7 @@ PAYLOADS: Final[dict[str, type]] = {
     RUN_STARTED: RunStartedData,
     RUN_FINISHED: RunFinishedData,
     CONTEXT_LOADED: ContextLoadedData,
+    CONTEXT_FETCHED: ContextFetchedData,
     LM_CALL: LmCallData,
     CODE_EXECUTED: CodeExecutedData,
     SUBCALL_FINISHED: SubcallFinishedData,
@@ -285,7 +305,6 @@ PAYLOADS: Final[dict[str, type]] = {
 }
 
 # -- requests and results ---------------------------------------------------------------------
-
 
 MAX_CONTEXT_URLS: Final = 20  # pages one run fetches
 MAX_URL_CHARS: Final = 2000
@@ -329,7 +348,6 @@ def split_repo(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
-
 @dataclass
 class RunRequest:
     """What a face asks for. Limits left as None take the settings' values; the rest are checked against
@@ -349,11 +367,24 @@ class RunRequest:
     max_seconds: float | None = None
     max_cost: float | None = None
     include_hidden: bool = False  # hidden and ignored files of context folders
+    context_urls: list[str] = field(default_factory=list)  # web pages, fetched as text before staging
+    repo_url: str | None = None  # a git repository, cloned shallowly and staged like a folder
+    repo_ref: str | None = None  # its branch or tag; None: the default branch
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise UserError("the question is empty: say what you want to know")
         check_limits({name: getattr(self, name) for name in LIMITS})
+        if len(self.context_urls) > MAX_CONTEXT_URLS:
+            raise UserError(f"{len(self.context_urls)} context URLs: a run fetches at most {MAX_CONTEXT_URLS}")
+        for url in self.context_urls:
+            check_fetch_url(url, "context URL")
+        if self.repo_url is not None:
+            check_fetch_url(self.repo_url, "repository URL")
+        if self.repo_ref is not None:
+            if self.repo_url is None:
+                raise UserError("a repository ref without a repository: give repo_url too")
+            check_git_ref(self.repo_ref)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

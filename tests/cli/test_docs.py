@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests.support import prereqs
 from tests.support.oracle_lm import PRICED, OracleLM, Scenario
+from tests.support.web_site import Site, make_repo
 
 BIN = Path(sys.executable).parent
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
@@ -118,6 +120,7 @@ GOOD: dict[WalkKey, list[str]] = {
     ),
     **_walks(RUN, "run hello --max-iters 3 --max-depth 0 --max-llm-calls 5 --max-seconds 60 --max-cost 1.5"),
     **_walks(RUN, "run hello --context {dir} --include-hidden --json"),
+    **_walks(RUN, "run hello --repo {repo}@v1"),  # a smart-HTTP git server on 127.0.0.1, allowed for the walk
     (("fleet-rlm", "runs"), "--limit"): ["runs", "--limit", "1"],
     (("fleet-rlm", "runs"), "--status"): ["runs", "--status", "succeeded"],
     (("fleet-rlm", "runs"), "--json"): ["runs", "--json"],
@@ -199,6 +202,8 @@ BAD: list[list[str]] = [
     ["run", "hello", "--max-seconds", "nan"],
     ["run", "hello", "--max-cost", "-1"],
     ["run", "hello", "--context", "{missing}"],
+    ["run", "hello", "--context", "ftp://example.org/x"],
+    ["run", "hello", "--repo", "{repo}@--upload-pack=x"],
     ["run", "  "],
     ["run", "hello", "--session", "bad id!"],
     ["run", "hello", "--sandbox", "cloud"],
@@ -295,8 +300,18 @@ def _run_ids(env: dict[str, str]) -> list[str]:
     return [r["run_id"] for r in json.loads(run("runs", "--json", "--limit", "1000", env=env).stdout)]
 
 
+@pytest.fixture
+def walk_repo(tmp_path: Path) -> Iterator[str]:
+    """A repository with a tag v1 on a smart-HTTP git server on 127.0.0.1: `run --repo` walks it."""
+    served = tmp_path / "served"
+    served.mkdir()
+    make_repo(served, "walk.git", tagged={"README.md": "walked\n"}, later={"README.md": "later\n"})
+    with Site(served) as site:
+        yield site.url("walk.git")
+
+
 @pytest.mark.slow
-def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path) -> None:
+def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tmp_path: Path, walk_repo: str) -> None:
     prereqs.require_desktop()  # `desktop --self-test` is walked too
     oracle.add(Scenario("hello", ["SUBMIT('hi')"]))
     fleet_env.update(PRICED)  # --max-cost needs a known price
@@ -322,7 +337,9 @@ def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tm
     for target in ("notes/memory/a.md", "notes/memory/c.md", "scratch/memory/a.md"):
         assert run("volumes", "put", str(note), target, env=fleet_env).returncode == 0
     first = json.loads(run("run", "hello", "--text", "x", "--json", env=fleet_env).stdout)
+    fleet_env["FLEET_FETCH_ALLOWED_HOSTS"] = "127.0.0.1"  # the walk's git server
     values = {"file": str(note), "dir": str(folder), "run": first["run_id"], "missing": str(tmp_path / "nope.txt")}
+    values["repo"] = walk_repo
 
     distinct = [list(argv) for argv in dict.fromkeys(tuple(argv) for argv in GOOD.values())]
     with ThreadPoolExecutor(4) as pool:

@@ -28,14 +28,14 @@ def _limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=["local", "daytona"], default=None, help="where code runs (local, daytona)")
 
 
-def _context(p: argparse.ArgumentParser) -> None:
+def _context(p: argparse.ArgumentParser, *, urls: bool = False) -> None:
     p.add_argument(
         "--context",
         "-c",
         action="append",
         default=[],
-        metavar="PATH",
-        help="file, folder, vol:NAME/PATH, or - for stdin (repeatable)",
+        metavar="PATH|URL" if urls else "PATH",
+        help=f"file, folder, vol:NAME/PATH, {'http(s) URL (fetched), ' if urls else ''}or - for stdin (repeatable)",
     )
 
 
@@ -59,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="answer a question over files, folders or text")
     run.add_argument("question")
-    _context(run)
+    _context(run, urls=True)
+    run.add_argument(
+        "--repo",
+        metavar="URL[@REF]",
+        help="a git repository (http/https) at a branch or tag, cloned shallowly as context",
+    )
     run.add_argument("--text", "-t", action="append", default=[], help="pasted text as context (repeatable)")
     run.add_argument(
         "--include-hidden",

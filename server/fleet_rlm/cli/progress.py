@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from fleet_rlm.core.progress import ProgressTracker
+from fleet_rlm.core.progress import ProgressTracker, fetched_line
 
 REFRESH_PER_SECOND = 2
 
@@ -95,7 +95,7 @@ class Progress(LiveLine):
         if self.mode == "off":
             return
         line = self._describe(event)
-        shown = {"code.executed", "warning", "child.started", "context.loaded"}
+        shown = {"code.executed", "warning", "child.started", "context.loaded", "context.fetched"}
         if line and (self.mode == "verbose" or event["kind"] in shown):
             if self.live:  # above the live line, which rich redraws
                 self.console.print(line, markup=False, highlight=False)
@@ -117,6 +117,8 @@ class Progress(LiveLine):
             return line
         if kind == "context.loaded":
             return "context: " + str(data.get("report")) if data.get("sources") else None
+        if kind == "context.fetched":
+            return "fetched " + fetched_line(data)
         if kind == "warning":
             return f"{prefix}[{node}] warning: {data.get('message')}"
         if kind == "child.started":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 from fleet_rlm.cli.common import limit_overrides, open_workspace, plural, print_json, settings_for, status_exit
 from fleet_rlm.types import tokens_of
+
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # a --context value that names a scheme is a URL, not a path
 
 
 async def follow_run(engine: Any, req: Any, mode: str) -> Any:
@@ -44,14 +47,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_for(args)
     start_warm_up(settings)  # the sandbox's checks wait on other processes while dspy imports below
     from fleet_rlm.core.admission import admit
-    from fleet_rlm.types import RunRequest
+    from fleet_rlm.types import RunRequest, split_repo
     from fleet_rlm.volumes import volumes_for
 
-    paths, stdin_texts = read_stdin_contexts(args.context)
+    urls = [
+        c for c in args.context if URL.match(c)
+    ]  # fetched (http and https only: RunRequest says so); the rest: paths
+    paths, stdin_texts = read_stdin_contexts([c for c in args.context if c not in urls])
+    repo_url, repo_ref = split_repo(args.repo) if args.repo else (None, None)
     req = RunRequest(
         question=args.question,
         context_paths=paths,
         context_text=stdin_texts + args.text,
+        context_urls=urls,
+        repo_url=repo_url,
+        repo_ref=repo_ref,
         session_id=args.session,
         volume=args.volume,
         include_hidden=args.include_hidden,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from fleet_rlm.config import ConfigError, Settings, role_model
 from fleet_rlm.core.context import ContextError, check_host_paths
-from fleet_rlm.errors import UserError
+from fleet_rlm.core.inputs.fetch import FetchRefused, check_policy
+from fleet_rlm.core.inputs.repo import GIT_MISSING, git_available
+from fleet_rlm.errors import FleetError, Unavailable, UserError
 from fleet_rlm.sandbox.base import SandboxError, get_backend
 from fleet_rlm.types import RunRequest
 from fleet_rlm.volumes import Volumes, parse_volume_ref
@@ -48,6 +50,15 @@ def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -
             raise ContextError(f"context path '{spec}' is outside FLEET_CONTEXT_ROOTS")
     if req.session_id and not SESSION_ID.fullmatch(req.session_id):
         raise UserError(f"session id '{req.session_id}': use 1-64 letters, digits, '_', '.' or '-'")
+    # Pages and repositories: their form and a host that is an address, here; names are resolved when
+    # the run fetches them (a failure there fails the run with the reason).
+    for url in [*req.context_urls, *([req.repo_url] if req.repo_url else [])]:
+        try:
+            check_policy(url, settings)
+        except FleetError as exc:
+            raise FetchRefused(f"cannot fetch {url}: {exc.message}") from None
+    if req.repo_url and git_available() is None:
+        raise Unavailable(GIT_MISSING)
 
 
 def _empty_folder(path: Path, spec: str) -> bool:
@@ -64,5 +75,6 @@ def text_to_read(settings: Settings, req: RunRequest) -> None:
     """Refuse host paths that would stage no text at all (a folder of only binaries): a mistake, not a
     failed run. It lists the folders, so the engine checks it once, not each caller of ``admit``."""
     host_paths = [spec for spec in req.context_paths if parse_volume_ref(spec) is None]
-    if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text:
+    fetched = req.context_urls or req.repo_url  # may bring text: staging judges the whole
+    if host_paths and len(host_paths) == len(req.context_paths) and not req.context_text and not fetched:
         check_host_paths(host_paths, settings.allowed_context_roots, req.include_hidden)

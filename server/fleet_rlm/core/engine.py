@@ -23,6 +23,7 @@ from fleet_rlm.config import ConfigError, Settings, load_settings
 from fleet_rlm.core.admission import admit, text_to_read
 from fleet_rlm.core.events import EventBus
 from fleet_rlm.core.inputs.documents import Converter
+from fleet_rlm.core.inputs.remote import fetch_sources
 from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
@@ -395,6 +396,8 @@ class Engine:
             tape = rerun.tape(keep, emit) if rerun else Tape(keep, emit)
             volumes = self._rerun_volumes(rerun, emit) if rerun else self.mounted_volumes(req.volume)
             ctx = self._run_context(run_id, emit, limits, scratch, volumes, program, tape)
+            # Pages and a repository come in before the sandbox starts: a fetch that fails costs none.
+            named = await fetch_sources(req, self.settings, scratch / "fetched", emit)
             spec = ctx.sandbox_spec("root")
             existing = session.sandbox if session else None
             async with open_sandbox(self.settings, spec, existing, usage=ctx.usage) as sandbox:
@@ -421,6 +424,7 @@ class Engine:
                     keep_context=bool(session and session.has_context),
                     include_hidden=req.include_hidden,
                     converter=Converter(self.settings.home / "cache" / "documents", isolation=self.settings.isolation),
+                    named=named,
                 )
                 if staged is not None:
                     emit(

@@ -13,6 +13,15 @@ from fleet_rlm.types import Event, tokens_of
 WAITING_MODEL = "waiting for the model"
 
 
+def fetched_line(data: dict[str, Any]) -> str:
+    """A ``context.fetched`` event in words: "http://host/page.html (12,345 bytes, HTTP 200, 0.1 s)"."""
+    if data.get("kind") == "repo":
+        what = f"{int(data.get('files') or 0):,} files, {int(data.get('bytes') or 0):,} bytes"
+    else:
+        what = f"{int(data.get('bytes') or 0):,} bytes, HTTP {data.get('status')}"
+    return f"{data.get('name') or data.get('url')} ({what}, {float(data.get('seconds') or 0):.1f} s)"
+
+
 @dataclass
 class RunProgress:
     step: int = 0  # latest step of the node that last acted
@@ -46,6 +55,8 @@ class ProgressTracker:
             line = f"run {event.get('run_id')} started"
             # A session's follow-up without new inputs loads nothing: the model is asked at once.
             s.waiting = WAITING_MODEL if data.get("session_id") else "loading the context"
+        elif kind == "context.fetched":
+            line = "fetched " + fetched_line(data)
         elif kind == "context.loaded":
             s.waiting = WAITING_MODEL
         elif kind == "lm.call":
@@ -89,8 +100,6 @@ class ProgressTracker:
         if line:
             s.message = line
         return line
-
-
 
 
 def _batch_progress(batches: dict[tuple[str, Any], int], node: str, data: dict[str, Any]) -> tuple[int, int]:

@@ -149,6 +149,9 @@ def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunReques
         context_text=list(inputs.get("texts") or []),
         volume=asked.get("volume"),
         include_hidden=bool(asked.get("include_hidden")),
+        context_urls=list(asked.get("context_urls") or []),  # fetched again: a changed page is noted
+        repo_url=asked.get("repo_url"),
+        repo_ref=asked.get("repo_ref"),
         **{k: v for k, v in limits.items() if v is not None},
     )
 

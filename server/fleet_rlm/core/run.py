@@ -214,13 +214,15 @@ async def load_inputs(
     keep_context: bool = False,
     include_hidden: bool = False,
     converter: Converter | None = None,
+    named: list[tuple[str, Path]] | None = None,
 ) -> StagedContext | None:
     """Put query, context and sources into the REPL once, as data through the sandbox protocol.
 
-    ``staging`` is a host-only file (in the run's scratch folder, which no sandbox can write)."""
+    ``staging`` is a host-only file (in the run's scratch folder, which no sandbox can write); ``named``
+    are host-only files and folders shown by another name (fetched pages and repositories)."""
     await sandbox.put_text("query", query)
     await sandbox.set_var("volumes", dict(sandbox.volume_paths))  # name -> path inside the sandbox
-    if keep_context and not paths and not texts:
+    if keep_context and not paths and not texts and not named:
         return None
 
     def stage() -> StagedContext:
@@ -233,6 +235,7 @@ async def load_inputs(
                 roots=roots,
                 include_hidden=include_hidden,
                 converter=converter,
+                named=named,
             )
         finally:  # its parser process ends with the staging
             if converter is not None:

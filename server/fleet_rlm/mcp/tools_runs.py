@@ -54,6 +54,24 @@ ContextText = Annotated[
     str | None,
     Field(description="Text to work over when it is not in a file (e.g. a long paste)."),
 ]
+ContextUrls = Annotated[
+    list[str],
+    Field(
+        description=(
+            "Web pages to work over (http:// or https://), fetched by the server as text (HTML and PDFs "
+            "converted), at most 20: public addresses only, unless the server's fetch_allowed_hosts allows "
+            "a private one."
+        ),
+    ),
+]
+RepoUrl = Annotated[
+    str | None,
+    Field(description="A git repository (http:// or https://) to work over: cloned shallowly, its files staged."),
+]
+RepoRef = Annotated[
+    str | None,
+    Field(description="The repository's branch or tag (e.g. v1.2.0); unset: its default branch."),
+]
 SessionId = Annotated[
     str | None,
     Field(
@@ -118,6 +136,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         ctx: Context,
         context_paths: ContextPaths = [],  # noqa: B006 - pydantic copies defaults
         context_text: ContextText = None,
+        context_urls: ContextUrls = [],  # noqa: B006 - pydantic copies defaults
+        repo_url: RepoUrl = None,
+        repo_ref: RepoRef = None,
         session_id: SessionId = None,
         volume: VolumeName = None,
         max_iters: MaxIters = None,
@@ -131,6 +152,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             question,
             context_paths=context_paths,
             context_text=context_text,
+            context_urls=context_urls,
+            repo_url=repo_url,
+            repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
             max_iters=max_iters,
@@ -162,6 +186,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         question: Question,
         context_paths: ContextPaths = [],  # noqa: B006 - pydantic copies defaults
         context_text: ContextText = None,
+        context_urls: ContextUrls = [],  # noqa: B006 - pydantic copies defaults
+        repo_url: RepoUrl = None,
+        repo_ref: RepoRef = None,
         session_id: SessionId = None,
         volume: VolumeName = None,
         max_iters: MaxIters = None,
@@ -175,6 +202,9 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             question,
             context_paths=context_paths,
             context_text=context_text,
+            context_urls=context_urls,
+            repo_url=repo_url,
+            repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
             max_iters=max_iters,
@@ -348,6 +378,9 @@ def _request(
     *,
     context_paths: list[str],
     context_text: str | None,
+    context_urls: list[str],
+    repo_url: str | None,
+    repo_ref: str | None,
     session_id: str | None,
     volume: str | None,
     max_iters: int | None,
@@ -361,6 +394,9 @@ def _request(
             question=question,
             context_paths=list(context_paths),
             context_text=[context_text] if context_text else [],
+            context_urls=list(context_urls),
+            repo_url=repo_url,
+            repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
             max_iters=max_iters,

@@ -43,6 +43,13 @@ class RunStart(Strict):
         default_factory=list, description="Host paths within FLEET_CONTEXT_ROOTS, or vol:NAME/PATH."
     )
     upload_ids: list[str] = Field(default_factory=list, description="Files sent before with POST /api/uploads.")
+    context_urls: list[str] = Field(
+        default_factory=list,
+        description="Web pages (http/https, at most 20) fetched as text before the run: public addresses only, "
+        "unless fetch_allowed_hosts allows a private one.",
+    )
+    repo_url: str | None = Field(None, description="A git repository (http/https), cloned shallowly as context.")
+    repo_ref: str | None = Field(None, description="Its branch or tag; unset: the default branch.")
     session_id: str | None = Field(None, max_length=64, description="Continue in this session's REPL.")
     volume: str | None = Field(None, max_length=64, description="Mount only this volume (created if new).")
     # The schema advertises each limit's declared bounds; RunRequest checks them (400 with the message every
