@@ -157,6 +157,11 @@ class ContextLoadedData(TypedDict):
     sources: int
     skipped: list[str]
     report: str
+    documents: int  # converted to text (PDF, DOCX, ...)
+    pages: int  # of the PDFs among them
+    images: int
+    cached: int  # documents whose text came from the conversion cache
+    skipped_count: int  # ``skipped`` holds the first 50
 
 
 class _ContextFetched(TypedDict):

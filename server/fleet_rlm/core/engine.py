@@ -434,6 +434,7 @@ class Engine:
                             "sources": len(staged.sources),
                             "skipped": staged.skipped[:50],
                             "report": staged.report(),
+                            **staged.counts(),
                         },
                     )
                     if session is not None:
