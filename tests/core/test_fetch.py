@@ -114,8 +114,10 @@ async def test_pages_at_addresses_without_a_suffix_are_converted_by_their_type(
     article, paper = site.url("article"), site.url("pdf/2512")
     async with Engine() as engine:
         result = await engine.run(RunRequest("what codes are there?", context_urls=[article, paper]))
+        loaded = next(e["data"] for e in engine.events(result.run_id) if e["kind"] == "context.loaded")
     assert result.status == "succeeded", result.error
     assert result.answer == f"{article} | {paper} || AR-5 ARX-9"  # the script's SCRIPT-1 never reached the text
+    assert (loaded["documents"], loaded["pages"]) == (2, 1)  # the PDF converted at staging, its page kept
 
 
 async def test_a_loopback_url_is_refused_before_a_run_exists(fleet_env: dict[str, str], site: Site) -> None:

@@ -144,6 +144,7 @@ class _File:
 
     name: str
     open: Callable[[], tuple[int, os.stat_result]]
+    kind_name: str = ""  # the file's own name where ``name`` is another (a URL): its suffix tells the kind
 
 
 @dataclass
@@ -342,7 +343,7 @@ def _read_bytes(item: _File, max_bytes: int) -> tuple[bytes, bytes]:
 def _read(item: _File, max_bytes: int, converter: Converter | None) -> _Read:
     """The file's text (a document's converted), an image, or ``_Skip`` with the reason."""
     head, data = _read_bytes(item, max_bytes)
-    kind = document_kind(item.name, head) if converter is not None else None
+    kind = document_kind(item.kind_name or item.name, head) if converter is not None else None
     if kind is not None:
         assert converter is not None
         try:
@@ -370,7 +371,8 @@ def _sniff_text(item: _File, max_bytes: int) -> bool:
         head = fh.read(SNIFF_BYTES)
     if st.st_size > max_bytes:
         return False
-    return b"\0" not in head or document_kind(item.name, head) is not None or image_type(head) is not None
+    kind = document_kind(item.kind_name or item.name, head)
+    return b"\0" not in head or kind is not None or image_type(head) is not None
 
 
 def check_host_paths(
@@ -419,7 +421,7 @@ def stage_context(
         one = _expand(str(path), None, None, include_hidden)
         prefix = str(path).rstrip("/")
         for file in one.files:
-            file.name = display + file.name[len(prefix) :]
+            file.kind_name, file.name = file.name, display + file.name[len(prefix) :]
         found.files += one.files
         found.skipped += [display + line[len(prefix) :] for line in one.skipped]
         found.excluded += one.excluded

@@ -18,10 +18,10 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from fleet_rlm.core.inputs.documents import DOCUMENT_SUFFIXES, Converter, Unconvertible, document_kind
+from fleet_rlm.core.inputs.documents import DOCUMENT_SUFFIXES, document_kind
 from fleet_rlm.core.inputs.fetch import fetch, is_html, is_text
 from fleet_rlm.core.inputs.repo import clone, tree_size
-from fleet_rlm.errors import FleetError, UserError
+from fleet_rlm.errors import FleetError
 from fleet_rlm.types import CONTEXT_FETCHED, RunRequest
 
 if TYPE_CHECKING:
@@ -69,13 +69,8 @@ async def _page(url: str, index: int, settings: Settings, folder: Path, emit: Em
         raise _cannot(url, exc) from None
     path = folder / f"page-{index}{_suffix(page.content_type, page.url)}"
     data = page.body
-    kind = document_kind(path.name, data[:SNIFF])
-    if kind is not None and document_kind(url, data[:SNIFF]) != kind:
-        # Staging tells a document by the name it shows (the URL), and this URL's name does not say
-        # what the page is (https://host/docs/, .../pdf/2512.24601): converted here, the same way.
-        data = (await asyncio.to_thread(_convert, settings, kind, data, url)).encode()
-        path = path.with_suffix(".txt")
-    elif kind is None and (is_text(page.content_type) or is_html(page.content_type)):
+    kind = document_kind(path.name, data[:SNIFF])  # staging tells it by this file's name, not the URL's
+    if kind is None and (is_text(page.content_type) or is_html(page.content_type)):
         # Text as the server encoded it, saved as UTF-8 (what staging reads).
         data = page.body.decode(page.encoding or "utf-8", errors="replace").encode()
     await asyncio.to_thread(_write_private, path, data)
@@ -105,16 +100,6 @@ def _suffix(content_type: str, url: str) -> str:
     if content_type.startswith("image/"):
         return "." + content_type.rsplit("/", 1)[1]  # kept as an image, told by its first bytes
     return ".txt" if is_text(content_type) else ".bin"  # staging skips a binary one, saying so
-
-
-def _convert(settings: Settings, kind: str, data: bytes, url: str) -> str:
-    converter = Converter(settings.home / "cache" / "documents", isolation=settings.isolation)
-    try:
-        return converter.convert(kind, data).text
-    except Unconvertible as exc:
-        raise UserError(f"cannot read {url}: {exc}") from None
-    finally:
-        converter.close()
 
 
 def _write_private(path: Path, data: bytes) -> None:
