@@ -1,7 +1,9 @@
 """What went in, in a real browser (Debian's chromium via Playwright, against `fleet web` with the real
 sandbox, the real isolated document parser and the scripted model): the Workbench takes documents and
-images as uploads, and the run shows an inputs panel, counts, pages, images and each skipped file
-with its reason, in the Workbench and on the run page, in light and dark themes."""
+images as uploads and web pages and a repository in its fields, and the run shows an inputs panel,
+counts, pages, images and each skipped file with its reason, in the Workbench and on the run page, in
+light and dark themes. The pages and the repository come from a web and git server on 127.0.0.1
+(tests/support/web_site.py), allowed by FLEET_FETCH_ALLOWED_HOSTS."""
 
 from __future__ import annotations
 
@@ -15,25 +17,42 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.support import documents as make
 from tests.support.oracle_lm import OracleLM, Scenario, oracle_env
+from tests.support.web_site import Site, make_repo
 from tests.web.conftest import WebServer, fleet_web
 from tests.web.test_browser import UI, _require_chromium, chromium, clean_page
 
 pytestmark = pytest.mark.slow
 
 NAMES = "print([s['name'] for s in sources])\nSUBMIT(' | '.join(s['name'].rsplit('/', 1)[-1] for s in sources))"
+FETCHED = (
+    "import re\nnames = [s['name'] for s in sources]\nprint(names)\n"
+    "SUBMIT(' | '.join(sorted(names)) + ' :: ' + re.search(r'The tide is (\\w+)', context).group(1)"
+    " + ' ' + re.search(r'release (\\w+)', context).group(1))"
+)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    served = tmp_path_factory.mktemp("site")
+    (served / "tide.html").write_text("<html><body><h1>Tides</h1><p>The tide is HIGH today.</p></body></html>")
+    (served / "notes.pdf").write_bytes(make.pdf(["Harbour notes, page one.", "Page two."]))
+    make_repo(served, "tool.git", {"README.md": "This is release ALPHA."}, {"README.md": "This is release BETA."})
+    with Site(served) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
 def inputs_oracle() -> Iterator[OracleLM]:
-    with OracleLM(Scenario("INPUTS-WEB", [NAMES])) as lm:
+    with OracleLM(Scenario("INPUTS-WEB", [NAMES]), Scenario("FETCH-WEB", [FETCHED])) as lm:
         yield lm
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, inputs_oracle: OracleLM) -> Iterator[WebServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, inputs_oracle: OracleLM, site: Site) -> Iterator[WebServer]:
     _require_chromium()
     root = tmp_path_factory.mktemp("inputs-web")
-    with fleet_web(root, oracle_env(root, inputs_oracle.base_url)) as srv:
+    env = oracle_env(root, inputs_oracle.base_url) | {"FLEET_FETCH_ALLOWED_HOSTS": "127.0.0.1"}
+    with fleet_web(root, env) as srv:
         yield srv
 
 
@@ -130,3 +149,36 @@ def test_many_skipped_files_are_counted_and_collapsed(ui: UI, tmp_path: Path) ->
     skipped.locator("summary").click()
     expect(skipped.locator("li")).to_have_count(8)
     expect(skipped.locator("li").first).to_have_text(f"{folder}/blob-0.bin: binary")
+
+
+def test_workbench_web_pages_and_a_repository_at_a_tag(ui: UI, site: Site) -> None:
+    page = ui.page
+    ui.login()
+    page.get_by_label("Web pages", exact=True).fill(f"{site.url('tide.html')}\n\n  {site.url('notes.pdf')}  \n")
+    page.get_by_label("Repository", exact=True).fill(site.url("tool.git"))
+    page.get_by_label("Branch or tag", exact=True).fill("v1")
+    page.get_by_label("Question", exact=True).fill("FETCH-WEB: the tide and the release?")
+    ui.shot("workbench-pages-and-repository")
+    page.get_by_role("button", name="Run", exact=True).click()
+    turn = page.locator("article.turn").first
+    expect(turn.locator(".answer")).to_contain_text(":: HIGH ALPHA", timeout=90_000)  # the tag, not main
+    names = turn.locator(".answer").inner_text().split(" :: ")[0].split(" | ")
+    assert site.url("tide.html") in names and site.url("notes.pdf") in names, names
+    assert any(n.startswith(site.url("tool.git")) and n.endswith("README.md") for n in names), names
+    expect(turn.locator(".inputs-summary")).to_contain_text("2 documents (2 pages)")  # the HTML page and the PDF
+    expect(turn.locator(".inputs-summary")).to_contain_text("from 3 sources")
+    # The fields are emptied for the next question, like the pasted text.
+    expect(page.get_by_label("Web pages", exact=True)).to_have_value("")
+    expect(page.get_by_label("Repository", exact=True)).to_have_value("")
+    expect(page.get_by_label("Branch or tag", exact=True)).to_have_value("")
+
+
+def test_a_ref_without_a_repository_is_refused_before_any_run(ui: UI) -> None:
+    page = ui.page
+    ui.login()
+    page.get_by_label("Branch or tag", exact=True).fill("v1")
+    page.get_by_label("Question", exact=True).fill("FETCH-WEB: nothing to fetch")
+    page.get_by_role("button", name="Run", exact=True).click()
+    expect(page.locator(".form-status")).to_contain_text("A branch or tag needs its repository")
+    expect(page.get_by_label("Repository", exact=True)).to_be_focused()
+    expect(page.locator("article.turn")).to_have_count(0)

@@ -1,6 +1,6 @@
-// Workbench: ask a question over files (documents and images too), pasted text and volume files;
-// watch the trace stream in and see what went in; read and copy the answer; ask follow-ups in the
-// same session (the same REPL, its variables kept).
+// Workbench: ask a question over files (documents and images too), pasted text, web pages, a git
+// repository and volume files; watch the trace stream in and see what went in; read and copy the
+// answer; ask follow-ups in the same session (the same REPL, its variables kept).
 
 import { api, followRun, upload } from "../api.js";
 import { badge, errorBox, field, filePicker, fmtBytes, h, replace, toast } from "../dom.js";
@@ -109,8 +109,8 @@ function firstSteps(useSample) {
     h("h2", { id: "first-steps-title" }, "First steps"),
     h("ol", {},
       h("li", {}, "Set a model in ", h("a", { href: "#/settings" }, "Settings"), " if the line above says none is configured."),
-      h("li", {}, "Give the context: drop or choose files (documents and images too), paste text, pick files of "
-        + "a volume, or use the sample."),
+      h("li", {}, "Give the context: drop or choose files (documents and images too), paste text, name web pages "
+        + "or a repository, pick files of a volume, or use the sample."),
       h("li", {}, "Write a question and press Run: the trace grows here step by step, and the answer appears above it.")),
     sample);
 }
@@ -165,6 +165,11 @@ function renderRunMode(main) {
   const views = [];
   const question = h("textarea", { rows: "3", required: true, placeholder: "What do you want to know about the inputs?" });
   const pasted = h("textarea", { rows: "3", placeholder: "Optional: paste text to use as context" });
+  const pages = h("textarea", { rows: "2", placeholder: "https://example.com/report.html", spellcheck: "false",
+    autocomplete: "off", inputmode: "url" });
+  const repoUrl = h("input", { type: "url", placeholder: "https://github.com/owner/project", spellcheck: "false",
+    autocomplete: "off" });
+  const repoRef = h("input", { type: "text", placeholder: "default branch", spellcheck: "false", autocomplete: "off" });
   const contextPaths = [];
   const pathChips = h("ul", { class: "chips", "aria-label": "Files and folders added" });
   const renderPathChips = () => replace(pathChips, contextPaths.map((p) => h("li", { class: "chip" }, h("span", {}, p),
@@ -215,6 +220,9 @@ function renderRunMode(main) {
   const form = h("form", { class: "card ask", "aria-labelledby": "wb-title" },
     qField.row,
     h("fieldset", {}, h("legend", {}, "Context"), drop, field("Pasted text", pasted).row,
+      field("Web pages", pages, "One URL per line, fetched by the server as text.").row,
+      h("div", { class: "repo-fields" }, field("Repository", repoUrl, "A git URL, cloned shallowly.").row,
+        field("Branch or tag", repoRef).row),
       volumePicker(addPath), pathChips),
     h("details", { class: "limits" }, h("summary", {}, "Limits"),
       h("div", { class: "grid-limits" }, LIMITS.map(([name, label]) => field(label, limitInputs[name]).row)),
@@ -233,6 +241,12 @@ function renderRunMode(main) {
     replace(formStatus);
     const text = question.value.trim();
     if (!text) { replace(formStatus, errorBox(new Error("Write a question first."))); question.focus(); return; }
+    if (repoRef.value.trim() && !repoUrl.value.trim()) {
+      replace(formStatus, errorBox(new Error("A branch or tag needs its repository: give the repository's URL, "
+        + "or clear the branch or tag.")));
+      repoUrl.focus();
+      return;
+    }
     run.disabled = true;
     try {
       if (files.items.some((it) => it.status === "uploading")) {
@@ -245,7 +259,11 @@ function renderRunMode(main) {
         state.sessionId = (await api("/api/sessions", { method: "POST", json: { name: text.slice(0, 60) } })).id;
       }
       const body = { question: text, session_id: state.sessionId, upload_ids: files.items.map((it) => it.id),
-        context_paths: [...contextPaths], context_text: pasted.value.trim() ? [pasted.value] : [] };
+        context_paths: [...contextPaths], context_text: pasted.value.trim() ? [pasted.value] : [],
+        context_urls: pages.value.split("\n").map((u) => u.trim()).filter(Boolean) };
+      // The server checks the URLs and the ref (a 400 with its message); a ref alone is caught here already.
+      if (repoUrl.value.trim()) body.repo_url = repoUrl.value.trim();
+      if (repoRef.value.trim()) body.repo_ref = repoRef.value.trim();
       for (const [name, input] of Object.entries(limitInputs)) {
         if (input.value !== "") body[name] = Number(input.value);
       }
@@ -258,6 +276,9 @@ function renderRunMode(main) {
       view.el.scrollIntoView({ block: "nearest" });
       question.value = "";
       pasted.value = "";
+      pages.value = "";
+      repoUrl.value = "";
+      repoRef.value = "";
       files.clear();
       contextPaths.length = 0;
       renderPathChips();
