@@ -185,7 +185,7 @@ def test_workloads_are_seeded_and_their_reader_reaches_the_expected_answers(tmp_
 
 
 # The --quick run in parts, so that parallel workers share it; each part holds its figures' bounds.
-QUICK_PARTS = ["server,step", "fanout", "children", "cold,cli", "web,sse", "load", "desktop", "prompt,tasks"]
+QUICK_PARTS = ["server,step", "fanout", "children", "cold,cli", "web,sse", "load", "desktop", "prompt,tasks,documents"]
 
 
 def test_the_parts_cover_every_quick_figure() -> None:
