@@ -23,9 +23,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fleet_rlm.sandbox import seccomp
 from fleet_rlm.sandbox.base import (
@@ -229,6 +229,49 @@ def choose_isolation(isolation: str) -> Literal["bwrap", "none"]:
     return "bwrap" if isolation == "bwrap" else "none"
 
 
+T = TypeVar("T")
+
+
+async def _outlasting_cancel(job: Coroutine[Any, Any, T]) -> T:
+    """``job``'s result, awaited to its end even when the caller is cancelled meanwhile (once or many
+    times: an anyio scope cancels at every await); such a cancel is raised once the job is done, the
+    caught one itself (anyio knows its own by their message, and lets any other through its scope)."""
+    task = asyncio.ensure_future(job)
+    cancel: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            cancel = exc
+    if cancel is not None:
+        raise cancel
+    return task.result()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc (none where there is no /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found: list[int] = []
+    frontier = [pid]
+    while frontier:
+        frontier = [kid for parent in frontier for kid in children.get(parent, ()) if kid not in found]
+        found += frontier
+    return found
+
+
 class LocalSandbox:
     """A persistent Python REPL in a sandboxed subprocess, driven from asyncio."""
 
@@ -293,6 +336,7 @@ class LocalSandbox:
         self._ready: asyncio.Future[dict[str, Any]] | None = None
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self._failure: str | None = None  # set once the worker is gone; every later call raises it
+        self._abandoned: str | None = None  # why a start that failed or was cancelled left it unusable
         self._closed = False
 
     @property
@@ -361,50 +405,88 @@ class LocalSandbox:
         return cmd, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, None
 
     async def start(self) -> None:
-        """Spawn the worker and define the host functions; a no-op when already running."""
+        """Spawn the worker and define the host functions; a no-op when already running.
+
+        Cancellation-safe: a start cancelled (or failed) anywhere, inside the spawn included, kills
+        every process it made (by the sandbox's cgroup and its process tree) and removes the cgroup
+        before it raises; the sandbox is then unusable (a new LocalSandbox starts afresh)."""
         async with self._start_lock:
             if self._closed:
-                raise SandboxError("the sandbox was shut down; create a new LocalSandbox")
+                raise SandboxError(self._abandoned or "the sandbox was shut down; create a new LocalSandbox")
             if self._proc is not None:
                 self._check()
                 return
-            # Host-created and never inside another sandbox's folders (the caller picks a fresh one).
-            self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for path in self.volumes.values():  # host-owned volume folders (the engine creates them)
-                path.mkdir(parents=True, exist_ok=True)
-            self._work_checked = time.time()
-            # Longest accepted protocol line: a bound on what a hostile worker can make the host buffer.
-            limit = MAX_MESSAGE_BYTES + 64 * 1024
-            self._cgroup = SandboxCgroup.create(self.memory_mb, self.max_procs)  # None: host has no cgroups
-            with _seccomp_fd(self.isolation == "bwrap") as filter_args:
-                cmd, env, cwd = self._command(filter_args)
-                self._proc = await asyncio.create_subprocess_exec(
-                    *cmd,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    env=env,
-                    cwd=cwd,
-                    start_new_session=True,
-                    limit=limit,
-                    pass_fds=[int(filter_args[1])] if filter_args else [],
-                    preexec_fn=self._cgroup.preexec() if self._cgroup else None,  # joins before exec
-                )
-            self._ready = asyncio.get_running_loop().create_future()
-            self._spawn(self._read_stdout())
-            self._spawn(self._read_stderr())
             try:
-                await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT)
-            except TimeoutError:
-                await self._fail(f"the sandbox worker did not start within {STARTUP_TIMEOUT:g} s")
-            self._check()
-            if self._functions:
-                await self._request({"op": "define_functions", "names": list(self._functions)})
-            if self._output_fields is not None:
-                await self._request({"op": "configure", "output_fields": self._output_fields})
+                await self._launch()
+            except BaseException as exc:
+                cancelled = isinstance(exc, asyncio.CancelledError)
+                why = "its start was cancelled" if cancelled else f"it failed to start ({str(exc)[:300]})"
+                # To its end even if cancelled again meanwhile: the processes die, the cgroup goes.
+                reason = f"the sandbox is unusable: {why}; create a new LocalSandbox"
+                await _outlasting_cancel(self._abandon(reason, asyncio.current_task()))
+                raise
+
+    async def _launch(self) -> None:
+        # Host-created and never inside another sandbox's folders (the caller picks a fresh one).
+        self.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for path in self.volumes.values():  # host-owned volume folders (the engine creates them)
+            path.mkdir(parents=True, exist_ok=True)
+        self._work_checked = time.time()
+        self._cgroup = SandboxCgroup.create(self.memory_mb, self.max_procs)  # None: host has no cgroups
+        with _seccomp_fd(self.isolation == "bwrap") as filter_args:
+            cmd, env, cwd = self._command(filter_args)
+            # Shielded: a cancel landing inside create_subprocess_exec after the fork would lose the
+            # process (asyncio then kills bwrap's own pid alone, and its inner processes may outlive it).
+            # The spawn ends first and sets self._proc, so a cancel meanwhile kills what it made.
+            await _outlasting_cancel(self._spawn_worker(cmd, env, cwd, filter_args))
+        self._ready = asyncio.get_running_loop().create_future()
+        self._spawn(self._read_stdout())
+        self._spawn(self._read_stderr())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), STARTUP_TIMEOUT)
+        except TimeoutError:
+            await self._fail(f"the sandbox worker did not start within {STARTUP_TIMEOUT:g} s")
+        self._check()
+        if self._functions:
+            await self._request({"op": "define_functions", "names": list(self._functions)})
+        if self._output_fields is not None:
+            await self._request({"op": "configure", "output_fields": self._output_fields})
+
+    async def _spawn_worker(
+        self, cmd: list[str], env: dict[str, str] | None, cwd: str | None, filter_args: list[str]
+    ) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            # Longest accepted protocol line: a bound on what a hostile worker can make the host buffer.
+            limit=MAX_MESSAGE_BYTES + 64 * 1024,
+            pass_fds=[int(filter_args[1])] if filter_args else [],
+            preexec_fn=self._cgroup.preexec() if self._cgroup else None,  # joins before exec
+        )
+
+    async def _abandon(self, reason: str, caller: asyncio.Task[Any] | None) -> None:
+        """After a start that failed or was cancelled: kill every process it made, remove its cgroup."""
+        self._closed = True
+        self._abandoned = self._failure or reason
+        self._failure = self._failure or reason
+        self._kill()
+        self._fail_pending(SandboxError(self._failure))
+        if self._proc is not None:  # reaped by asyncio's watcher before its transport is closed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._proc.wait(), KILL_GRACE)
+        await self._end(caller)
 
     async def shutdown(self) -> None:
-        """Stop the worker (graceful, then SIGKILL); safe to call repeatedly."""
+        """Stop the worker (graceful, then SIGKILL); safe to call repeatedly. Run to its end even
+        when the caller is cancelled meanwhile (the cancel is raised afterwards)."""
+        await _outlasting_cancel(self._shutdown(asyncio.current_task()))
+
+    async def _shutdown(self, caller: asyncio.Task[Any] | None) -> None:
         self._closed = True
         proc = self._proc
         if proc is not None:
@@ -422,14 +504,19 @@ class LocalSandbox:
                     await asyncio.wait_for(proc.wait(), KILL_GRACE)
         self._failure = self._failure or "the sandbox was shut down; create a new LocalSandbox"
         self._fail_pending(SandboxError(self._failure))
-        current = asyncio.current_task()
+        await self._end(caller)
+
+    async def _end(self, caller: asyncio.Task[Any] | None) -> None:
+        """Stop the protocol tasks (not ``caller``, which may be one of them), kill and remove the cgroup
+        with whatever is still in it, and close the process's transport."""
+        spare = {caller, asyncio.current_task()}
         for task in list(self._tasks):
-            if task is not current:
+            if task not in spare:
                 task.cancel()
-        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        await asyncio.gather(*(t for t in self._tasks if t not in spare), return_exceptions=True)
         if self._cgroup is not None:  # kills whatever escaped the process group, then removes it
             await asyncio.to_thread(self._cgroup.destroy)
-        transport = getattr(proc, "_transport", None)
+        transport = getattr(self._proc, "_transport", None)
         if transport is not None:
             # asyncio's Process has no public close(); an unclosed transport warns (or errors, once
             # the loop is closed) when garbage-collected.
@@ -439,11 +526,16 @@ class LocalSandbox:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        # Its own session/process group (start_new_session), so this reaches any children too.
+        # Listed first, while they are still below it: bubblewrap's inner processes start sessions of
+        # their own, so its process group (start_new_session) does not reach them.
+        below = _descendants(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # first: once it is dead, Popen's kill would reap it behind asyncio's watcher
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
