@@ -104,6 +104,10 @@ class Engine:
         self._telemetry: Telemetry | None = None
         self._unrecorded: dict[str, Unrecorded] = {}  # run id -> its end, waiting for the store's disk
         self._recorder: asyncio.Task[None] | None = None
+        # Runs whose task has not taken its first step: cancelling such a task would skip its body (no
+        # final row, no run.finished), so a stop asks it to end as it begins, recorded cancelled.
+        self._unbegun: set[str] = set()
+        self._stop_at_start: set[str] = set()
 
     async def __aenter__(self) -> Engine:
         self.settings.make_home()
@@ -135,8 +139,8 @@ class Engine:
     async def close(self) -> None:
         if self._reaper:
             self._reaper.cancel()
-        for task in list(self._tasks.values()):
-            task.cancel()
+        for task_id, task in list(self._tasks.items()):
+            self._stop(task_id, task)
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         if self._recorder:  # after the runs: one cancelled while waiting for the disk hands its end here
@@ -199,32 +203,44 @@ class Engine:
         run_id = new_id("r")
         version = replay.version if replay else store.optimize.active_program_version()
         program = replay.program if replay else self._program_for(version)
-        await store.write(
-            store.runs.create,
-            RunRecord(
-                id=run_id,
-                session_id=req.session_id,
-                parent_run_id=replay.parent if replay else rerun.source.id if rerun else None,
-                kind="eval" if replay else "replay" if rerun and rerun.kind == "replay" else "run",
-                fork_at=rerun.fork.at if rerun and rerun.fork else None,
-                program_version=version,
-                question=req.question,
-                status="queued",
-                answer=None,
-                stop_reason=None,
-                error=None,
-                request=req.to_dict(),
-                usage={},
-                iterations=0,
-                llm_calls=0,
-                created_at=time.time(),
-                started_at=None,
-                finished_at=None,
-                owner_pid=os.getpid(),
-                owner_host=socket.gethostname(),
-            ),
+        record = RunRecord(
+            id=run_id,
+            session_id=req.session_id,
+            parent_run_id=replay.parent if replay else rerun.source.id if rerun else None,
+            kind="eval" if replay else "replay" if rerun and rerun.kind == "replay" else "run",
+            fork_at=rerun.fork.at if rerun and rerun.fork else None,
+            program_version=version,
+            question=req.question,
+            status="queued",
+            answer=None,
+            stop_reason=None,
+            error=None,
+            request=req.to_dict(),
+            usage={},
+            iterations=0,
+            llm_calls=0,
+            created_at=time.time(),
+            started_at=None,
+            finished_at=None,
+            owner_pid=os.getpid(),
+            owner_host=socket.gethostname(),
         )
+        # The row is written whatever the caller does meanwhile (the write is shielded), so a caller that
+        # goes away before it is there still gets its run started, to end at once recorded cancelled
+        # with its run.finished: no row is left queued with nobody to run it.
+        created = asyncio.ensure_future(store.write(store.runs.create, record))
+        abandoned: asyncio.CancelledError | None = None
+        while not created.done():
+            try:
+                await asyncio.shield(created)
+            except asyncio.CancelledError as exc:
+                abandoned = exc
+        created.result()  # the write failed: no row, no run
+        self._unbegun.add(run_id)
         self.start_task(run_id, self._execute(run_id, req, program, doubts, rerun))
+        if abandoned is not None:  # nobody will follow or cancel it
+            self._stop(run_id, self._tasks[run_id])
+            raise abandoned  # the caught one: anyio's scope knows its own cancel by its message
         return run_id
 
     async def replay(self, run_id: str) -> str:
@@ -253,7 +269,12 @@ class Engine:
         store = self._require_store()
         used = store.uploads.of_run(rerun.source.id)  # the files it reads live as long as a run uses them
         if used:
-            await store.write(store.uploads.attach, run_id, used)
+            try:
+                await store.write(store.uploads.attach, run_id, used)
+            except asyncio.CancelledError:  # its caller went away: nobody will follow or stop it
+                if (task := self._tasks.get(run_id)) is not None:
+                    self._stop(run_id, task)
+                raise
         return run_id
 
     def start_task(self, task_id: str, job: Coroutine[Any, Any, None]) -> None:
@@ -301,10 +322,18 @@ class Engine:
         task = self._tasks.get(run_id) or self._tasks.get(self.workspace.resolve_run(run_id))
         if task is None or task.done():
             return False
-        task.cancel()
+        self._stop(run_id, task)
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return True
+
+    def _stop(self, task_id: str, task: asyncio.Task[None]) -> None:
+        """Cancel a job; a run that has not begun is asked to end as it begins instead, since a task
+        cancelled before its first step never runs its body (the run would stay queued, with no events)."""
+        if task_id in self._unbegun:
+            self._stop_at_start.add(task_id)
+        else:
+            task.cancel()
 
     def apply_settings(self, settings: Settings) -> None:
         """Use ``settings`` from the next run on (saved settings apply without a restart).
@@ -361,6 +390,9 @@ class Engine:
     async def _execute(
         self, run_id: str, req: RunRequest, program: Any, warnings: list[str], rerun: Rerun | None = None
     ) -> None:
+        self._unbegun.discard(run_id)
+        stopped = run_id in self._stop_at_start  # stopped before this first step: it ends at once
+        self._stop_at_start.discard(run_id)
         store = self._require_store()
         emit = self._emit(run_id)
         started = time.time()
@@ -377,6 +409,8 @@ class Engine:
         session: Session | None = None
         holds_lock = False
         try:
+            if stopped:
+                raise asyncio.CancelledError
             scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
             if req.session_id:
                 session = await self._session(req.session_id)
