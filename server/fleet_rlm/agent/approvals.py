@@ -205,6 +205,10 @@ def _run_summary(shown: _Shown, args: dict[str, Any], engine: Engine) -> str:
     inputs = [shown.exact("a volume path", p) for p in args.get("volume_paths") or []]
     if args.get("context_text"):
         inputs.append(f"text {shown.content('the text', args['context_text'])}")
+    inputs += [f"the page {shown.exact('a URL', u)} (network access)" for u in args.get("urls") or []]
+    if args.get("repo_url"):
+        ref = shown.exact("the branch or tag", args.get("repo_ref") or "its default branch")
+        inputs.append(f"the repository {shown.exact('the repository', args['repo_url'])} at {ref} (network access)")
     over = f" over {', '.join(inputs)}" if inputs else ""
     return f"start an RLM run with {cost}{over}: {shown.content('the question', args.get('question'))}"
 

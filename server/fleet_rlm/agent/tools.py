@@ -105,9 +105,10 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         name="rlm_run",
         approval_mode="always_require",
         description="Answer a question over large inputs with a recursive language model (RLM): it reads the "
-        "conversation's attached files and the volume paths you give in a sandboxed Python REPL and returns one "
-        "answer. Use it whenever the answer depends on file contents. Runs of one conversation share a REPL. "
-        "Runs without a cost cap, or with one above the user's threshold, wait for the user's approval.",
+        "conversation's attached files (documents and images too), the volume paths, web pages and repository "
+        "you give in a sandboxed Python REPL and returns one answer. Use it whenever the answer depends on file "
+        "contents. Runs of one conversation share a REPL. Runs without a cost cap, or with one above the user's "
+        "threshold, wait for the user's approval.",
     )
     @_friendly
     async def rlm_run(
@@ -117,6 +118,11 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         ] = None,
         include_attachments: Annotated[bool, Field(description="Read the files attached to this conversation.")] = True,
         context_text: Annotated[str | None, Field(description="Text to work over that is in no file.")] = None,
+        urls: Annotated[
+            list[str] | None, Field(description="Public web pages (http/https) to fetch and read, PDFs too.")
+        ] = None,
+        repo_url: Annotated[str | None, Field(description="A public git repository to clone and read.")] = None,
+        repo_ref: Annotated[str | None, Field(description="The repository's branch or tag (default branch).")] = None,
         max_cost: Annotated[float | None, MAX_COST] = None,  # checked by RunRequest, as on every face
     ) -> str:
         from fleet_rlm.core import uploads
@@ -129,12 +135,15 @@ def build_tools(tc: TurnContext) -> list[FunctionTool]:
         upload_ids = (
             [a.upload_id for a in tc.store.agent.attachments(tc.conversation.id)] if include_attachments else []
         )
-        if not paths and not upload_ids and not context_text:
-            raise UserError("nothing to read: attach a file, give volume_paths, or pass context_text")
+        if not paths and not upload_ids and not context_text and not urls and not repo_url:
+            raise UserError("nothing to read: attach a file, give volume_paths, urls or repo_url, or pass context_text")
         request = RunRequest(
             question,
             context_paths=paths,
             context_text=[context_text] if context_text else [],
+            context_urls=list(urls or []),
+            repo_url=repo_url,
+            repo_ref=repo_ref,
             session_id=tc.conversation.session_id,
             max_cost=max_cost,
         )
