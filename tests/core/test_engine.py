@@ -413,3 +413,22 @@ def test_ids_made_in_the_same_moment_differ_from_their_start() -> None:
     ids = [new_id("r") for _ in range(64)]
     assert len({i[:5] for i in ids}) >= 56  # a time-first id shares its first 8 characters for years
     assert len(set(ids)) == 64
+
+
+@pytest.mark.real_sandbox
+async def test_a_session_whose_sandbox_failed_to_start_gets_a_new_one(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet_rlm.sandbox import local
+
+    oracle.add(Scenario("start over", ["SUBMIT('started')"]))
+    local.detect_isolation()  # probed with the real interpreter first (the probe is kept per process)
+    real_python = local._python
+    monkeypatch.setattr(local, "_python", lambda: "/no/such/python")  # the worker cannot be started
+    async with Engine() as engine:
+        sid = await engine.open_session()
+        failed = await engine.run(RunRequest("start over", context_text=["x"], session_id=sid))
+        monkeypatch.setattr(local, "_python", real_python)
+        again = await engine.run(RunRequest("start over", context_text=["x"], session_id=sid))
+    assert failed.status == "failed" and "sandbox" in (failed.error or ""), failed.error
+    assert again.status == "succeeded" and again.answer == "started", again.error

@@ -497,6 +497,8 @@ class Engine:
         finally:
             if session is not None:
                 session.last_used = time.monotonic()
+                if not session.started:  # its sandbox never started (it failed to): the next run makes a new one
+                    await self._drop_sandbox(session)
                 if holds_lock:
                     session.lock.release()
             # Recorded first: a cancel landing during the clean-up must not leave the run "running".
