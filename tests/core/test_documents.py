@@ -211,8 +211,9 @@ async def test_a_run_answers_from_a_pdf_page_and_a_slide(
         "deck = next(s for s in sources if s['name'].endswith('deck.pptx'))\n"
         "page = pdf['parts'][36]; slide = deck['parts'][1]\n"
         "print(context[page['start']:page['end']]); print(context[slide['start']:slide['end']])",
-        "red = next(s['name'] for s in sources if s['name'].endswith('red.png'))\n"
-        "colour = llm_query('What colour is this?', images=[red])\nprint(colour)",
+        "import hashlib\nred = next(s for s in sources if s['name'].endswith('red.png'))\n"
+        "print('file', red['file'], hashlib.sha256(open(red['file'], 'rb').read()).hexdigest())\n"
+        "colour = llm_query('What colour is this?', images=[red['name']])\nprint(colour)",
         "import re\ncode = re.search(r'vault code is (\\d+)', context).group(1)\n"
         "date = re.search(r'launch date is ([^.]+)', context).group(1)\nSUBMIT(code + ' / ' + date + ' / ' + colour)",
     ]
@@ -232,6 +233,9 @@ async def test_a_run_answers_from_a_pdf_page_and_a_slide(
     assert (loaded["documents"], loaded["pages"], loaded["images"], loaded["skipped_count"]) == (7, 300, 2, 0)
     first_prompt = str(oracle.requests("root")[0].messages)
     assert "300 page(s) with spans" in first_prompt and "'start': 1900" not in first_prompt  # counted, not listed
+    code_steps = [e["data"]["output"] for e in events if e["kind"] == "code.executed"]
+    # The image is a file the code can open too, with the host file's bytes.
+    assert f"file inputs/images/1-red.png {hashlib.sha256(red).hexdigest()}" in code_steps[1]
     assert "data:image" not in str([r.messages for r in oracle.requests("root")])  # pixels only in the sub-call
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 

@@ -8,6 +8,7 @@ Daytona when DAYTONA_API_KEY is set (marker ``live_daytona``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -119,6 +120,28 @@ async def test_inputs_as_data(make, tmp_path: Path) -> None:
     await box.put_text("context", host_file)
     result = await box.execute("(query, len(context), sources[0]['end'])")
     assert result.data == ["what é?", 5000, 3]
+
+
+async def test_input_files_land_in_the_work_folder(make, tmp_path: Path) -> None:
+    box = make()
+    if isinstance(box, fake_sandbox.FakeSandbox):
+        pytest.skip("the in-process fake runs code in the test's own process: its working folder is not the sandbox's")
+    picture = tmp_path / "picture.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40)  # every byte value, not text
+    await box.put_file("inputs/images/0-picture.png", picture)
+    code = "import hashlib\nhashlib.sha256(open('inputs/images/0-picture.png', 'rb').read()).hexdigest()"
+    result = await box.execute(code)
+    assert result.data == hashlib.sha256(picture.read_bytes()).hexdigest()
+    refused = [await _refused(box, path, picture) for path in ("/etc/x", "../x", "inputs/../../x", "")]
+    assert all(refused), refused
+
+
+async def _refused(box: Any, path: str, data: Path) -> bool:
+    try:
+        await box.put_file(path, data)
+    except (ValueError, SandboxError):
+        return True
+    return False
 
 
 async def test_host_functions_results_errors_and_threads(make) -> None:

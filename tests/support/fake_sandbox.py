@@ -27,6 +27,7 @@ from fleet_rlm.sandbox.base import (
     SandboxError,
     SandboxSpec,
     cap_middle,
+    input_file_path,
     register_backend,
 )
 from fleet_rlm.volumes import LocalVolumes, register_volumes
@@ -126,6 +127,13 @@ class FakeSandbox:
         await self.start()
         self._check()
         self._namespace[name] = data if isinstance(data, str) else Path(data).read_text(encoding="utf-8")
+
+    async def put_file(self, path: str, data: Path) -> None:
+        await self.start()
+        self._check()
+        target = self.spec.work_dir / input_file_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(Path(data).read_bytes())
 
     async def configure_output_fields(self, fields: list[dict[str, Any]]) -> None:
         self._fields = [f["name"] for f in fields]

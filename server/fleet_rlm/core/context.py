@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ class Source:
     note: str = ""  # what conversion found ("300 pages"), shown in the report
     mime: str | None = None  # images
     size: int = 0  # bytes of the file (images)
+    file: str | None = None  # an image's file in the work folder (relative), once it is put there
 
     def brief(self) -> dict[str, object]:
         """What the opening prompt shows: the parts counted, not listed (``sources`` has them)."""
@@ -73,6 +75,8 @@ class Source:
             data["parts"] = self.parts
         if self.mime is not None:
             data |= {"mime": self.mime, "bytes": self.size}
+        if self.file is not None:
+            data["file"] = self.file
         return data
 
 
@@ -470,6 +474,12 @@ def stage_context(
     if converter is not None:
         staged.converted, staged.cache_hits = converter.converted, converter.cache_hits
     return staged
+
+
+def image_file_name(name: str) -> str:
+    """An image's file name in the work folder: its own, made safe (no folders, no odd characters)."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", name.rsplit("/", 1)[-1]).strip("._") or "image"
+    return base[-100:]
 
 
 def _keep_image(folder: Path, index: int, name: str, read: _Read) -> ImageSource:

@@ -13,7 +13,7 @@ from typing import Any
 
 from fleet_rlm.config import Settings
 from fleet_rlm.core.budget import Budget, Limits
-from fleet_rlm.core.context import StagedContext, stage_context
+from fleet_rlm.core.context import StagedContext, image_file_name, stage_context
 from fleet_rlm.core.inputs.documents import Converter
 from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
 from fleet_rlm.core.node import NodeRuntime
@@ -243,5 +243,9 @@ async def load_inputs(
 
     staged = await asyncio.to_thread(stage)
     await sandbox.put_text("context", staged.path)
+    images = {image.name: image for image in staged.images}
+    for index, source in enumerate(s for s in staged.sources if s.kind == "image"):
+        source.file = f"inputs/images/{index}-{image_file_name(source.name)}"  # open(file, "rb") in the code
+        await sandbox.put_file(source.file, images[source.name].path)
     await sandbox.set_var("sources", [s.to_dict() for s in staged.sources])
     return staged

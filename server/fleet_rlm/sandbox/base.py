@@ -171,6 +171,9 @@ class Sandbox(Protocol):
     async def put_text(self, name: str, data: str | Path) -> None:
         """Bind text as a global; a Path is a host-owned file the backend streams in."""
 
+    async def put_file(self, path: str, data: Path) -> None:
+        """Write a host-owned file into the work folder at ``path`` (relative), for the code to open."""
+
     async def register_functions(self, fns: dict[str, HostFunction]) -> None:
         """Define host functions the code can call (bridged back to the host)."""
 
@@ -183,6 +186,14 @@ class Sandbox(Protocol):
 
 SandboxFactory = Callable[["Settings", SandboxSpec], Sandbox]
 DoctorCheck = Callable[["Settings"], dict[str, Any]]
+
+
+def input_file_path(path: str) -> str:
+    """``path`` if it is a plain relative path inside the work folder (``put_file``), else ValueError."""
+    parts = path.split("/") if isinstance(path, str) else []
+    if not parts or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"an input file's path must be relative, inside the work folder: not {str(path)[:80]!r}")
+    return path
 
 
 @dataclass

@@ -43,6 +43,7 @@ from fleet_rlm.sandbox.base import (
     SandboxSpec,
     answer_host_call,
     exec_result,
+    input_file_path,
     register_backend,
 )
 from fleet_rlm.sandbox.daytona_frames import Frames
@@ -201,6 +202,11 @@ class DaytonaSandbox:
         await self.start()
         self._inputs[name] = ("text", data)
         await self._request({"op": "put_text", "name": name}, upload=data)
+
+    async def put_file(self, path: str, data: Path) -> None:
+        """Write a host-owned file into the work folder: uploaded, then moved into place by the shim."""
+        await self.start()
+        await self._request({"op": "put_file", "path": input_file_path(path)}, upload=Path(data))
 
     async def register_functions(self, fns: dict[str, HostFunction]) -> None:
         self._functions.update(fns)

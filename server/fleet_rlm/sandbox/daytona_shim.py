@@ -93,7 +93,7 @@ class Shim(worker.Worker):
         message = worker.loads(text)
         if message.get("op") == "execute" and not self.alarms:
             message["timeout"] = None
-        if message.get("op") == "put_text":  # the text was uploaded as a file: bind it, then drop the file
+        if message.get("op") in ("put_text", "put_file"):  # uploaded as a file: read it, then drop the file
             path = join(self.folder, "input")
             with open(path, "rb") as fh:
                 message["blob"] = fh.read()

@@ -41,6 +41,7 @@ from fleet_rlm.sandbox.base import (
     SandboxSpec,
     answer_host_call,
     exec_result,
+    input_file_path,
     nesting_depth,
     register_backend,
 )
@@ -837,6 +838,11 @@ class LocalSandbox:
         blob = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else Path(data)
         await self.start()
         await self._request({"op": "put_text", "name": name}, blob=blob)
+
+    async def put_file(self, path: str, data: Path) -> None:
+        """Write a host-owned file into the work folder, through the pipe (the worker writes it)."""
+        await self.start()
+        await self._request({"op": "put_file", "path": input_file_path(path)}, blob=Path(data))
 
     async def register_functions(self, fns: dict[str, HostFunction]) -> None:
         """Add or replace host functions; defined in the namespace right away if the worker runs."""

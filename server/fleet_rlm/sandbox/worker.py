@@ -10,6 +10,7 @@ Host -> worker (every request carries ``id``; only ``execute`` replies ``done``)
       plus throttled {"op":"output","id","data"} chunks while the code runs.
   configure {output_fields}, define_functions {names}, set_var {name, value},
   put_text {name, blob}                   -> {"op":"ok","id"} or {"op":"error","id","error"}
+  put_file {path, blob}                   -> the same; ``path`` is relative to the work folder
   result {id, ok, value | error}          -> answer to a host call (no reply)
   shutdown                                -> worker exits (EOF on stdin as well)
 Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions. Bytes
@@ -490,6 +491,18 @@ class Worker:
         return reply
 
     # ---- other requests --------------------------------------------------------------------------
+    def put_file(self, path: Any, blob: Any) -> None:
+        """Write an input file (an image of the context) below the REPL's working folder, where the code's
+        relative ``open`` finds it (the work folder here; the Daytona context's own folder there)."""
+        parts = path.split("/") if isinstance(path, str) else []
+        if not parts or path.startswith("/") or any(p in ("", ".", "..") for p in parts) or not isinstance(blob, bytes):
+            raise ValueError(f"put_file takes a relative path and bytes, not {str(path)[:80]!r}")
+        folder = os.path.join(os.getcwd(), *parts[:-1])
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(blob)
+
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op, req_id = msg.get("op"), msg.get("id")
         if op == "execute":
@@ -517,6 +530,8 @@ class Worker:
                     raise ValueError("put_text carries no text")
                 self.namespace[name] = blob.decode("utf-8", "surrogatepass")
                 del blob
+            elif op == "put_file":
+                self.put_file(msg.get("path"), msg.pop("blob", None))
             else:
                 raise ValueError(f"unknown op {op!r}")
         except MemoryError:
