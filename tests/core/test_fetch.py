@@ -17,17 +17,12 @@ from fleet_rlm.errors import UserError
 from fleet_rlm.types import PAYLOADS, RunRequest
 from tests.support.documents import pdf
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.web_site import Site, make_repo
+from tests.support.web_site import REPORT, Site, make_repo
 
 pytestmark = pytest.mark.anyio
 PAGE = (
     b"<html><head><title>Kestrels</title><script>var leak = 'SCRIPT-1';</script></head><body>"
     b"<h1>Kestrels</h1><p>The ringing code of the kestrel is KR-17.</p></body></html>"
-)
-# Names every source, then what the context says: the codes the files carry, in order.
-REPORT = (
-    "import re\n"
-    "SUBMIT(' | '.join(s['name'] for s in sources) + ' || ' + ' '.join(re.findall(r'\\b[A-Z]{2,6}-\\d+', context)))"
 )
 
 

@@ -11,23 +11,15 @@ import pytest
 
 from mcp import Client
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.web_site import Site, make_repo
+from tests.support.web_site import REPORT, Site, page_and_repo
 
 pytestmark = pytest.mark.anyio
 PAGE = b"<html><body><p>Ringing code KR-17.</p><style>p{}</style></body></html>"
-REPORT = (
-    "import re\n"
-    "SUBMIT(' | '.join(s['name'] for s in sources) + ' || ' + ' '.join(re.findall(r'\\b[A-Z]{2,6}-\\d+', context)))"
-)
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[Site]:
-    served = tmp_path / "served"
-    served.mkdir()
-    (served / "page.html").write_bytes(PAGE)
-    make_repo(served, "repo.git", tagged={"NOTES.md": "tag code TAG-1\n"}, later={"NOTES.md": "main code MAIN-2\n"})
-    with Site(served) as s:
+    with page_and_repo(tmp_path, PAGE) as s:
         yield s
 
 

@@ -13,6 +13,8 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Self
@@ -165,3 +167,21 @@ class Site:
                 self.wfile.write(payload)
 
         return Handler
+
+
+# The scripted model's one step in the fetch tests: every source's name, then the codes the context holds.
+REPORT = (
+    "import re\n"
+    "SUBMIT(' | '.join(s['name'] for s in sources) + ' || ' + ' '.join(re.findall(r'\\b[A-Z]{2,6}-\\d+', context)))"
+)
+
+
+@contextmanager
+def page_and_repo(tmp_path: Path, page: bytes) -> Iterator[Site]:
+    """A site serving ``page.html`` and ``repo.git`` (tag v1 says TAG-1, the later commit MAIN-2)."""
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "page.html").write_bytes(page)
+    make_repo(served, "repo.git", tagged={"NOTES.md": "tag code TAG-1\n"}, later={"NOTES.md": "main code MAIN-2\n"})
+    with Site(served) as site:
+        yield site

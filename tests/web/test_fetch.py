@@ -10,23 +10,15 @@ import httpx
 import pytest
 
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.web_site import Site, make_repo
+from tests.support.web_site import REPORT, Site, page_and_repo
 from tests.web.conftest import wait_finished
 
 pytestmark = pytest.mark.anyio
-REPORT = (
-    "import re\n"
-    "SUBMIT(' | '.join(s['name'] for s in sources) + ' || ' + ' '.join(re.findall(r'\\b[A-Z]{2,6}-\\d+', context)))"
-)
 
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[Site]:
-    served = tmp_path / "served"
-    served.mkdir()
-    (served / "page.html").write_bytes(b"<html><body><p>Ringing code KR-17.</p></body></html>")
-    make_repo(served, "repo.git", tagged={"NOTES.md": "tag code TAG-1\n"}, later={"NOTES.md": "main code MAIN-2\n"})
-    with Site(served) as s:
+    with page_and_repo(tmp_path, b"<html><body><p>Ringing code KR-17.</p></body></html>") as s:
         yield s
 
 
