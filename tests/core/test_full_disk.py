@@ -20,7 +20,7 @@ from fleet_rlm.errors import StoreFull
 from fleet_rlm.types import RunRequest
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.small_disk import fill, free, small_disk
+from tests.support.small_disk import fill, free, small_home
 
 pytestmark = pytest.mark.anyio
 STEPS = ["print('working ' * 2000)", "print('still working ' * 2000)", "SUBMIT('done')"]
@@ -31,12 +31,8 @@ def disk(tmp_path: Path, fleet_env: dict[str, str], monkeypatch: pytest.MonkeyPa
     """FLEET_HOME on a 16 MB tmpfs; the fast in-process sandbox (isolation is not what this tests)."""
     fake_sandbox.register()
     monkeypatch.setenv("FLEET_SANDBOX", "fake")
-    with small_disk(tmp_path / "disk") as mounted:
-        monkeypatch.setenv("FLEET_HOME", str(mounted / "home"))
-        try:
-            yield mounted
-        finally:
-            free(mounted)
+    with small_home(tmp_path, monkeypatch) as mounted:
+        yield mounted
 
 
 @pytest.fixture

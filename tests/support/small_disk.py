@@ -57,3 +57,14 @@ def free(disk: Path) -> None:
 def free_bytes(disk: Path) -> int:
     info = os.statvfs(disk)
     return info.f_bavail * info.f_frsize
+
+
+@contextlib.contextmanager
+def small_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """FLEET_HOME on a 16 MB tmpfs for the block (the disk is yielded); what was filled is freed after."""
+    with small_disk(tmp_path / "disk") as mounted:
+        monkeypatch.setenv("FLEET_HOME", str(mounted / "home"))
+        try:
+            yield mounted
+        finally:
+            free(mounted)

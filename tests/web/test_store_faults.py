@@ -20,7 +20,7 @@ import pytest
 from fleet_rlm.config import load_settings
 from fleet_rlm.web.app import create_app
 from tests.support.oracle_lm import OracleLM, Scenario
-from tests.support.small_disk import fill, free, small_disk
+from tests.support.small_disk import fill, free, small_home
 from tests.web.conftest import AUTH, TOKEN, serving, wait_finished
 
 pytestmark = pytest.mark.anyio
@@ -54,12 +54,8 @@ async def test_a_store_locked_by_another_process_is_a_503_that_says_so(
 @pytest.fixture
 def disk(tmp_path: Path, fake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """FLEET_HOME on a 16 MB tmpfs (the fast in-process sandbox: isolation is not what this tests)."""
-    with small_disk(tmp_path / "disk") as mounted:
-        monkeypatch.setenv("FLEET_HOME", str(mounted / "home"))
-        try:
-            yield mounted
-        finally:
-            free(mounted)
+    with small_home(tmp_path, monkeypatch) as mounted:
+        yield mounted
 
 
 @pytest.mark.slow
