@@ -37,7 +37,7 @@ from pydantic_settings import (
 )
 
 from fleet_rlm.errors import UserError
-from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS, MAX_TOKENS
 from fleet_rlm.redaction import remember_secrets
 
 KEYRING_SERVICE = "fleet-rlm"
@@ -255,6 +255,16 @@ class Settings(BaseSettings):
     subcall_max_chars: int = Field(
         4_000_000, ge=1, description="Longest llm_query prompt, characters; a longer one fails in the REPL, unsent."
     )
+    # Runs longer than a window (core/compaction.py): unset, LiteLLM's model info says the window.
+    lm_context_window: int | None = Field(
+        None, ge=256, description="Root model's context window, tokens (local servers); unset: LiteLLM's figure."
+    )
+    sub_lm_context_window: int | None = Field(
+        None, ge=256, description="Sub model's context window, tokens; a larger llm_query prompt fails in the REPL."
+    )
+    compact_at: float = Field(
+        0.85, gt=0, lt=1, description="Share of the root model's window at which the transcript is compacted."
+    )
 
     # Bounds, defaults and descriptions from the one declaration of the run limits (fleet_rlm/limits.py).
     max_iters: int = Field(MAX_ITERS.default, **MAX_ITERS.pydantic_bounds(), description=f"{MAX_ITERS.meaning}.")
@@ -266,6 +276,9 @@ class Settings(BaseSettings):
         MAX_SECONDS.default, **MAX_SECONDS.pydantic_bounds(), description=f"{MAX_SECONDS.meaning}."
     )
     max_cost: float | None = Field(MAX_COST.default, **MAX_COST.pydantic_bounds(), description=f"{MAX_COST.meaning}.")
+    max_tokens: int | None = Field(
+        MAX_TOKENS.default, **MAX_TOKENS.pydantic_bounds(), description=f"{MAX_TOKENS.meaning}."
+    )
     concurrency: int = Field(16, ge=1, le=256, description="Concurrent sub-calls per batch.")
     child_concurrency: int = Field(4, ge=1, le=64, description="Concurrent child RLMs per batch.")
     context_roots: str | None = Field(

@@ -102,8 +102,13 @@ MAX_COST: Final = Limit(
     "max_cost", float, 0, 10_000, True, None, "USD",
     "Cost per run at the models' known prices (LiteLLM's, or lm_price_per_mtok_*)", "USD",
 )  # fmt: skip
+MAX_TOKENS: Final = Limit(
+    "max_tokens", int, 1, 1_000_000_000, False, None, "tokens",
+    "Tokens per run, prompt and completion, of every model call (sub-queries, children and summaries included)",
+    "N",
+)  # fmt: skip
 LIMITS: Final[dict[str, Limit]] = {limit.name: limit for limit in (MAX_ITERS, MAX_DEPTH, MAX_LLM_CALLS, MAX_SECONDS,
-                                                                    MAX_COST)}  # fmt: skip
+                                                                    MAX_COST, MAX_TOKENS)}  # fmt: skip
 
 
 def check_limits(values: dict[str, Any]) -> None:

@@ -371,6 +371,7 @@ class RunRequest:
     max_llm_calls: int | None = None
     max_seconds: float | None = None
     max_cost: float | None = None
+    max_tokens: int | None = None
     include_hidden: bool = False  # hidden and ignored files of context folders
     context_urls: list[str] = field(default_factory=list)  # web pages, fetched as text before staging
     repo_url: str | None = None  # a git repository, cloned shallowly and staged like a folder

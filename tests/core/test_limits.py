@@ -29,6 +29,7 @@ BOUNDS = {
     "max_llm_calls": {"minimum": 1, "maximum": 100_000},
     "max_seconds": {"exclusiveMinimum": 0, "maximum": 86_400},
     "max_cost": {"exclusiveMinimum": 0, "maximum": 10_000},
+    "max_tokens": {"minimum": 1, "maximum": 1_000_000_000},
 }
 
 # One bad value per bound, and the one sentence every face answers it with.
@@ -43,6 +44,8 @@ INVALID = [
     ("max_seconds", 86_401, "max_seconds must be more than 0 and at most 86400 (got 86401)"),
     ("max_cost", 0, "max_cost must be more than 0 and at most 10000 (got 0)"),
     ("max_cost", 10_001, "max_cost must be more than 0 and at most 10000 (got 10001)"),
+    ("max_tokens", 0, "max_tokens must be a whole number between 1 and 1000000000 (got 0)"),
+    ("max_tokens", 1_000_000_001, "max_tokens must be a whole number between 1 and 1000000000 (got 1000000001)"),
 ]
 
 AGENT_LIMITS = {"max_cost"}  # the agent's model may cap a run's cost; the rest are the user's settings
@@ -124,8 +127,9 @@ def test_the_python_api_refuses_what_no_wire_format_can_send(value: Any, shown: 
 
 
 def test_the_bounds_themselves_are_allowed() -> None:
-    RunRequest("q", max_iters=1000, max_depth=0, max_llm_calls=100_000, max_seconds=86_400, max_cost=10_000)
-    RunRequest("q", max_iters=1, max_depth=10, max_llm_calls=1, max_seconds=0.001, max_cost=0.001)
+    RunRequest("q", max_iters=1000, max_depth=0, max_llm_calls=100_000, max_seconds=86_400, max_cost=10_000,
+               max_tokens=1_000_000_000)  # fmt: skip
+    RunRequest("q", max_iters=1, max_depth=10, max_llm_calls=1, max_seconds=0.001, max_cost=0.001, max_tokens=1)
 
 
 def advertised(prop: dict[str, Any]) -> dict[str, Any]:

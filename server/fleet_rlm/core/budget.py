@@ -26,6 +26,7 @@ class Limits:
     max_depth: int = 2
     max_seconds: float = 1800.0
     max_cost: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Budget:
     limits: Limits
     llm_calls: int = 0
     cost: float = 0.0
+    tokens: int = 0  # prompt and completion tokens of every call so far
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -50,11 +52,13 @@ class Budget:
         return max(0, self.limits.max_llm_calls - self.llm_calls)
 
     def check(self) -> None:
-        """Raise if time or cost ran out."""
+        """Raise if time, cost or tokens ran out."""
         if self.elapsed >= self.limits.max_seconds:
             raise BudgetExhausted(f"wall time limit of {self.limits.max_seconds:g} s reached")
         if self.limits.max_cost is not None and self.cost >= self.limits.max_cost:
             raise BudgetExhausted(f"cost limit of ${self.limits.max_cost:g} reached")
+        if self.limits.max_tokens is not None and self.tokens >= self.limits.max_tokens:
+            raise BudgetExhausted(f"token limit of {self.limits.max_tokens} reached")
 
     def reserve(self, calls: int = 1) -> None:
         """Claim model calls up front; raise if the run cannot afford them."""
@@ -63,5 +67,6 @@ class Budget:
             raise BudgetExhausted(f"model call limit of {self.limits.max_llm_calls} reached")
         self.llm_calls += calls
 
-    def charge(self, cost: float | None) -> None:
+    def charge(self, cost: float | None, tokens: int = 0) -> None:
         self.cost += cost or 0.0
+        self.tokens += tokens

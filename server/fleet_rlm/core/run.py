@@ -69,7 +69,7 @@ class RunContext:
         # A replayed call costs nothing now, but the budget sees what it cost when recorded, so the
         # run stops where the recorded run stopped.
         (self.replayed if usage.replayed else self.usage).add(usage)
-        self.budget.charge(usage.cost)
+        self.budget.charge(usage.cost, usage.prompt_tokens + usage.completion_tokens)
 
     def count_reply_forms(self, forms: list[str]) -> None:
         self.reply_forms.update(forms)
@@ -162,6 +162,7 @@ def limits_for(req: RunRequest, settings: Settings) -> Limits:
         max_depth=settings.max_depth if req.max_depth is None else req.max_depth,
         max_seconds=req.max_seconds or settings.max_seconds,
         max_cost=req.max_cost if req.max_cost is not None else settings.max_cost,
+        max_tokens=req.max_tokens if req.max_tokens is not None else settings.max_tokens,
     )
 
 

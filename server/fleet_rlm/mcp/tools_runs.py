@@ -10,7 +10,7 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from fleet_rlm.core import operations
-from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS, MAX_TOKENS
 from fleet_rlm.mcp.models import (
     CancelResult,
     ForkOutput,
@@ -94,6 +94,7 @@ MaxDepth = Annotated[int | None, MAX_DEPTH]
 MaxCalls = Annotated[int | None, MAX_LLM_CALLS]
 MaxSeconds = Annotated[float | None, MAX_SECONDS]
 MaxCost = Annotated[float | None, MAX_COST]
+MaxTokens = Annotated[int | None, MAX_TOKENS]
 RunId = Annotated[
     str,
     Field(
@@ -146,6 +147,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         max_llm_calls: MaxCalls = None,
         max_seconds: MaxSeconds = None,
         max_cost: MaxCost = None,
+        max_tokens: MaxTokens = None,
     ) -> RunOutput:
         eng = await engine()
         req = _request(
@@ -162,6 +164,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
             max_cost=max_cost,
+            max_tokens=max_tokens,
         )
         with user_errors():
             run_id = await eng.start_run(req)
@@ -196,6 +199,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         max_llm_calls: MaxCalls = None,
         max_seconds: MaxSeconds = None,
         max_cost: MaxCost = None,
+        max_tokens: MaxTokens = None,
     ) -> StartedRun:
         eng = await engine()
         req = _request(
@@ -212,6 +216,7 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
             max_cost=max_cost,
+            max_tokens=max_tokens,
         )
         with user_errors():
             run_id = await eng.start_run(req)
@@ -388,6 +393,7 @@ def _request(
     max_llm_calls: int | None,
     max_seconds: float | None,
     max_cost: float | None,
+    max_tokens: int | None = None,
 ) -> RunRequest:
     with user_errors():  # RunRequest checks its own fields
         return RunRequest(
@@ -404,6 +410,7 @@ def _request(
             max_llm_calls=max_llm_calls,
             max_seconds=max_seconds,
             max_cost=max_cost,
+            max_tokens=max_tokens,
         )
 
 

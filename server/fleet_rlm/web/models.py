@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet_rlm.core import views
-from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS
+from fleet_rlm.limits import MAX_COST, MAX_DEPTH, MAX_ITERS, MAX_LLM_CALLS, MAX_SECONDS, MAX_TOKENS
 from fleet_rlm.types import RunStatus
 
 ID = Field(min_length=1, max_length=200)
@@ -59,6 +59,7 @@ class RunStart(Strict):
     max_llm_calls: Annotated[int | None, MAX_LLM_CALLS] = None
     max_seconds: Annotated[float | None, MAX_SECONDS] = None
     max_cost: Annotated[float | None, MAX_COST] = None
+    max_tokens: Annotated[int | None, MAX_TOKENS] = None
     include_hidden: bool = False
 
 
