@@ -60,6 +60,8 @@ SUBCALL_FINISHED: Final = "subcall.finished"
 CHILD_STARTED: Final = "child.started"
 CHILD_FINISHED: Final = "child.finished"
 WARNING: Final = "warning"
+# The root transcript was compacted before it passed the model's window (core/compaction.py).
+HISTORY_COMPACTED: Final = "history.compacted"
 # A replay met a call whose request changed, one the record has no reply for, or a host call that
 # returned something else than recorded (core/tape.py, docs/replay.md).
 REPLAY_DIVERGED: Final = "replay.diverged"
@@ -80,6 +82,7 @@ EventKind = Literal[
     "child.started",
     "child.finished",
     "warning",
+    "history.compacted",
     "replay.diverged",
     "optimize.started",
     "optimize.eval",
@@ -89,7 +92,7 @@ EventKind = Literal[
 EVENT_KINDS: Final = frozenset(
     {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, CONTEXT_FETCHED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED,
      CHILD_STARTED, CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED,
-     OPTIMIZE_FINISHED}
+     OPTIMIZE_FINISHED, HISTORY_COMPACTED}
 )
 
 
@@ -236,6 +239,19 @@ class WarningData(TypedDict):
     message: str
 
 
+class HistoryCompactedData(Usage, total=False):
+    """Steps folded into one summary before the transcript passed the root model's window; the summary
+    call's usage. The REPL's ``history`` and the trace keep every step."""
+
+    step: int  # the step whose model call comes next
+    steps_folded: int  # steps newly folded by this compaction
+    through: int  # the summary covers steps 1..through
+    chars_before: int  # the transcript's length before and after
+    chars_after: int
+    summary_chars: int
+    window: int  # the root model's window, tokens
+
+
 class ReplayDivergedData(TypedDict):
     """Where a replay left its record: the call's position (core/tape.py) and why."""
 
@@ -302,6 +318,7 @@ PAYLOADS: Final[dict[str, type]] = {
     CHILD_STARTED: ChildStartedData,
     CHILD_FINISHED: ChildFinishedData,
     WARNING: WarningData,
+    HISTORY_COMPACTED: HistoryCompactedData,
     REPLAY_DIVERGED: ReplayDivergedData,
     OPTIMIZE_STARTED: OptimizeStartedData,
     OPTIMIZE_EVAL: OptimizeEvalData,
@@ -442,3 +459,9 @@ class NodeHost(Protocol):
     async def predict(self, predictor: Any, *, step: int, final: bool = False, **inputs: Any) -> Any: ...
 
     async def execute(self, reply: str, *, step: int) -> StepOutcome: ...
+
+    def over_window(self, transcript: str) -> bool: ...
+
+    async def compact(
+        self, transcript: str, *, step: int, opening: str, shown_steps: list[str], folded: int, summary: str
+    ) -> tuple[str, str] | None: ...

@@ -50,8 +50,9 @@ async def test_every_event_of_a_real_run_matches_its_payload_type(fleet_env: dic
             assert typed.__required_keys__ <= set(value) <= documented, (event["kind"], set(value) - documented)
         seen.add(event["kind"])
     run_kinds = {k for k in EVENT_KINDS if not k.startswith("optimize.")}  # optimizations: tests/optimize
-    # A replay's: tests/core/test_replay.py; a fetch's (pages, repositories): tests/core/test_fetch.py.
-    assert seen >= run_kinds - {"warning", "replay.diverged", "context.fetched"}
+    # A replay's: tests/core/test_replay.py; a fetch's (pages, repositories): tests/core/test_fetch.py; a
+    # compaction's: tests/core/test_compaction.py.
+    assert seen >= run_kinds - {"warning", "replay.diverged", "context.fetched", "history.compacted"}
 
 
 @pytest.mark.slow

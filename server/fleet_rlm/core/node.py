@@ -19,8 +19,8 @@ from dspy.utils.exceptions import (
     LMTransportError,
 )
 
+from fleet_rlm.core import compaction, tape
 from fleet_rlm.core import images as images_of
-from fleet_rlm.core import tape
 from fleet_rlm.core.budget import BudgetExhausted
 from fleet_rlm.core.context import StagedContext, preview
 from fleet_rlm.core.lm import CallUsage, NoVision, explain_lm_error, metered
@@ -102,6 +102,18 @@ class NodeRuntime:
         self.step = 0
         self._subs = 0
         self._calls = 0
+        # Runs longer than a window (core.compaction): every step as {step, code, output}, also the REPL's
+        # `history`; the models' windows (tokens; None: unknown, no compaction and no cap); the prompt's
+        # tokens beyond its transcript, from the provider's count of the last step.
+        self.history: list[dict[str, Any]] = []
+        settings = run.settings
+        self.window: int | None = settings.lm_context_window or compaction.context_window(
+            getattr(run.root_lm, "model", None)
+        )
+        self.sub_window: int | None = settings.sub_lm_context_window or compaction.context_window(
+            getattr(run.sub_lm, "model", None)
+        )
+        self._overhead: int | None = None
 
     def step_path(self, step: int) -> str:
         return f"{self.origin}{self.node}#{step}"
@@ -191,6 +203,12 @@ class NodeRuntime:
                 f"the prompt is {len(prompt):,} characters, over the {limit:,}-character limit of one sub-call "
                 "(FLEET_SUBCALL_MAX_CHARS); split it into pieces (llm_query_batched over chunks) and combine "
                 "the answers"
+            )
+        tokens = compaction.estimate_tokens(len(prompt))
+        if self.sub_window is not None and tokens > self.sub_window:
+            return (
+                f"this prompt is ~{tokens:,} tokens; the sub model's window is {self.sub_window:,} tokens: split it "
+                "(llm_query_batched over chunks) and combine the answers"
             )
         return None
 
@@ -306,6 +324,8 @@ class NodeRuntime:
             "reply_form": forms[-1] if forms else None,
         }
         data.update(usage_fields(usage))
+        if not final and usage is not None and usage.prompt_tokens and isinstance(inputs.get("transcript"), str):
+            self._overhead = usage.prompt_tokens - compaction.estimate_tokens(len(inputs["transcript"]))
         self.emit("lm.call", data)
         return prediction
 
@@ -316,6 +336,7 @@ class NodeRuntime:
         except SyntaxError as exc:
             shown = f"Error: {exc}"
             self.emit("code.executed", {"step": step, "code": reply, "output": shown, "error": str(exc)})
+            await self._remember(step, reply, shown)
             return Outcome(shown, None)
         self.step, self._subs, self._calls = step, 0, 0
         # A step never outlives the run's wall-time budget.
@@ -344,7 +365,55 @@ class NodeRuntime:
                 "submitted": final is not None,
             },
         )
+        await self._remember(step, code, shown)
         return Outcome(shown, final)
+
+    async def _remember(self, step: int, code: str, output: str) -> None:
+        """Add the step to ``history``, in the REPL too (as data, the whole list: the code may change its copy)."""
+        self.history.append({"step": step, "code": code, "output": output})
+        try:
+            await self.sandbox.set_var("history", self.history)
+        except Exception as exc:  # a sandbox gone bad says so at its next step
+            self.warn(f"step {step}: `history` could not be updated in the REPL: {exc}")
+
+    def over_window(self, transcript: str) -> bool:
+        """Whether the next root call's prompt, with ``transcript``, reaches the compaction threshold."""
+        if self.window is None:
+            return False
+        tokens = compaction.estimate_tokens(len(transcript)) + (self._overhead or 0)
+        threshold: float = self.run.settings.compact_at * self.window
+        return tokens >= threshold
+
+    async def compact(
+        self, transcript: str, *, step: int, opening: str, shown_steps: list[str], folded: int, summary: str
+    ) -> tuple[str, str] | None:
+        """Fold steps ``folded``+1 .. all but the last into ``summary`` by one budgeted root-model call,
+        recorded at ``<step>/compact``; (summary, compacted transcript), or None when the call failed (a
+        warning says why; the transcript goes on as it is). A budget that ran out propagates."""
+        run, through = self.run, len(shown_steps) - 1
+        assert self.window is not None and through > folded
+        prompt = compaction.summary_prompt(
+            self.query_preview(), summary, "".join(shown_steps[folded:through]), folded + 1, through
+        )
+        self.budget.reserve(1)
+        try:
+            with tape.at(run.tape, f"{self.step_path(step)}/compact"):
+                answer, usage = await metered(lambda: run.root_lm.acall(prompt=prompt), run.record_usage)
+        except Exception as exc:
+            self.warn(f"compacting the transcript failed: {explain_lm_error(exc, run.root_lm)}; it goes on uncompacted")
+            return None
+        text = cap_middle(str(answer[0]).strip() if answer else "", compaction.summary_chars(self.window))
+        if not text:
+            self.warn("compacting the transcript failed: the summary came back empty; it goes on uncompacted")
+            return None
+        compacted = compaction.compacted_transcript(opening, text, through, shown_steps[-1])
+        data: dict[str, Any] = {
+            "step": step, "steps_folded": through - folded, "through": through, "chars_before": len(transcript),
+            "chars_after": len(compacted), "summary_chars": len(text), "window": self.window,
+        }  # fmt: skip
+        data.update(usage_fields(usage))
+        self.emit("history.compacted", data)
+        return text, compacted
 
     async def enforce_volume_quotas(self, since: float) -> list[str]:
         """Trim each volume this sandbox mounts back under its quota; the messages are also warnings."""

@@ -203,8 +203,26 @@ class RLMProgram(dspy.Module):
         observation = runtime.opening_observation()
         transcript = observation
         stop_reason: str | None = None
+        # Compaction (core.compaction): each step as the transcript shows it, the steps folded so far
+        # into ``summary``, and whether to go on compacting (not after a summary call failed).
+        shown_steps: list[str] = []
+        folded, summary, compacting = 0, "", True
         for index in range(runtime.max_iters):
             try:
+                if compacting and len(shown_steps) - 1 > folded and runtime.over_window(transcript):
+                    compacted = await runtime.compact(
+                        transcript,
+                        step=index + 1,
+                        opening=steps[0].observation,
+                        shown_steps=shown_steps,
+                        folded=folded,
+                        summary=summary,
+                    )
+                    if compacted is None:
+                        compacting = False
+                    else:
+                        summary, transcript = compacted
+                        folded = len(shown_steps) - 1
                 runtime.budget.reserve(1)
                 action = await runtime.predict(self.act, step=index + 1, transcript=transcript)
             except BudgetExhausted as exc:
@@ -215,14 +233,16 @@ class RLMProgram(dspy.Module):
                 runtime.warn(f"step {index + 1}: the model's reply did not follow the format")
                 steps.append(Step(observation, "(unparseable reply)", reply))
                 observation = FORMAT_HELP + "\n\n" + runtime.status_line(index + 2)
-                transcript += render_step(index + 1, steps[-1], observation)
+                shown_steps.append(render_step(index + 1, steps[-1], observation))
+                transcript += shown_steps[-1]
                 continue
             outcome = await runtime.execute(action.code, step=index + 1)
             steps.append(Step(observation, action.reasoning, action.code))
             if outcome.final is not None:
                 return NodeResult(outcome.final, "succeeded", None, index + 1, steps)
             observation = outcome.shown + "\n\n" + runtime.status_line(index + 2)
-            transcript += render_step(index + 1, steps[-1], observation)
+            shown_steps.append(render_step(index + 1, steps[-1], observation))
+            transcript += shown_steps[-1]
         else:
             stop_reason = f"step limit of {runtime.max_iters} reached"
         answer = await self._extract(runtime, transcript, len(steps), stop_reason or "budget exhausted")

@@ -6,6 +6,7 @@ A position ("slot") names where a call was made as a path of (node, step)::
 
     root#3/act              the root's model call of step 3
     root#5/extract          the extraction after 4 steps
+    root#9/compact          the summary written before step 9 (core/compaction.py)
     root#2/sub0             the first sub-query step 2's code made
     root#2/call1            the second host call step 2's code made (its result)
     root#2>root.1#1/act     step 1 of the child RLM that root's step 2 started
@@ -34,7 +35,7 @@ from fleet_rlm.errors import FleetError
 
 Mode = Literal["keep", "replay", "fork"]
 INPUTS_SLOT = "root#0/inputs"
-MODEL_CALLS = ("act", "extract")  # and "sub<i>": the kinds of slot a model call is kept at
+MODEL_CALLS = ("act", "extract", "compact")  # and "sub<i>": the kinds of slot a model call is kept at
 # The wall-clock figure of a step's status line ("| 1795 s left]") differs between any two runs; it
 # is left out of the hash so a replay's requests match the recorded ones (core/node.py status_line).
 _VOLATILE = re.compile(r"\| \d+ s left\]")
@@ -254,6 +255,8 @@ def describe(slot: str) -> str:
         return f"{node} step {step}'s model call"
     if kind == "extract":
         return f"{node}'s extraction after step {step - 1}"
+    if kind == "compact":
+        return f"{node}'s summary of its transcript before step {step}"
     what = "sub-query" if kind.startswith("sub") else "host call"
     index = int(kind.removeprefix("sub").removeprefix("call") or 0)
     return f"{what} {index + 1} of {node} step {step}"
