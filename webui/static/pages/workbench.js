@@ -17,6 +17,7 @@ const LIMITS = [
   ["max_llm_calls", "Model calls", "1"],
   ["max_seconds", "Seconds", "1"],
   ["max_cost", "Cost (USD)", "0.01"],
+  ["max_tokens", "Tokens", "1"],
 ];
 
 /** Files dropped or picked: uploaded at once, so Run only waits for the last one. */
