@@ -128,6 +128,24 @@ async def test_a_fork_after_a_compaction_keeps_the_repl_state_of_the_replayed_st
     assert len(oracle.requests()) == live  # no model was asked: every call before the fork came from the record
 
 
+async def test_a_failed_summary_is_a_warning_and_the_run_goes_on_uncompacted(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLEET_LM_CONTEXT_WINDOW", "3000")
+    oracle.add(Scenario("count the steps", [COUNTING.replace(str(STEPS), "25")], sub=_summarise))
+    oracle.state.fail_kind = {"sub": 500}  # the summary call is not a root step: it fails, the steps do not
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("count the steps", context_text=["nothing"], max_iters=30))
+        events = engine.events(result.run_id)
+    assert result.status == "succeeded" and result.answer == "25 True True", result.error
+    warnings = [e["data"]["message"] for e in events if e["kind"] == "warning"]
+    assert [w for w in warnings if w.startswith("compacting the transcript failed")] == warnings and len(warnings) == 1
+    assert not any(e["kind"] == "history.compacted" for e in events)
+    assert len(oracle.requests("sub")) == 1  # tried once, then the node stops compacting
+    roots = [_transcript(r) for r in oracle.requests("root")]
+    assert all(b.startswith(a) for a, b in itertools.pairwise(roots))
+
+
 async def test_the_token_budget_ends_a_run_partial(fleet_env: dict, oracle: OracleLM) -> None:
     oracle.add(Scenario("loop forever", ["print('again', '-' * 400)"]))
     async with Engine() as engine:
