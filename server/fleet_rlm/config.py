@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, PrivateAttr, SecretStr
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -186,6 +186,38 @@ def endpoint_of(values: Mapping[str, Any], role: Role) -> Endpoint | None:
     return Endpoint(provider=provider_of(model)) if model else None
 
 
+MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,39}")
+
+
+class ModelSpec(BaseModel):
+    """A named model for sub-calls (``llm_query(prompt, model=NAME)``): a LiteLLM model string with
+    its own base URL and key. The key goes only to this spec's endpoint, as it was given in the
+    environment or .env (``key_for_model``); it is never saved to a file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="A LiteLLM model string (openai/gpt-4o-mini).")
+    api_base: str | None = Field(None, description="OpenAI-compatible base URL of its server.")
+    api_key: SecretStr | None = Field(None, description="API key for this model's endpoint only.")
+
+    @field_validator("model")
+    @classmethod
+    def _routable(cls, value: str) -> str:
+        provider, slash, name = value.strip().partition("/")
+        if not (slash and provider.strip() and name.strip()):
+            raise ValueError(f"{value!r} needs a provider and a model name, as in openai/gpt-4o-mini")
+        return value.strip()
+
+
+def named_endpoint(spec: Mapping[str, Any] | ModelSpec) -> Endpoint | None:
+    """Where a named model's requests go: its base URL, else its provider's own endpoint."""
+    values = spec.model_dump() if isinstance(spec, ModelSpec) else spec
+    if not isinstance(values, Mapping) or not values.get("model"):
+        return None
+    base = values.get("api_base")
+    return Endpoint(base=normalise_base(base)) if base else Endpoint(provider=provider_of(str(values["model"])))
+
+
 @dataclass(frozen=True)
 class BoundKey:
     """A model key with the one endpoint it may be sent to (None: none) and where it was found."""
@@ -229,6 +261,11 @@ class Settings(BaseSettings):
     )
     sub_lm_price_per_mtok_out: float | None = Field(
         None, ge=0, description="USD per million reply tokens of the sub model; unset: the root's, for its model."
+    )
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict,
+        description='Named models for sub-calls, llm_query(prompt, model=NAME): JSON such as {"fast": {"model": '
+        '"openai/gpt-4o-mini", "api_base": null}}; an api_key is given only in FLEET_MODELS (environment or .env).',
     )
     prompt_cache: bool = Field(
         True, description="Mark the root transcript's stable prefix cacheable for Anthropic models (cache_control)."
@@ -367,13 +404,22 @@ class Settings(BaseSettings):
         remember_secrets(self.secret_values())
         otlp_headers()  # registers the collector's credentials, whether or not this process exports
 
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, value: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+        bad = [name for name in value if not MODEL_NAME.fullmatch(name) or name in ("root", "sub", "agent")]
+        if bad:
+            names = ", ".join(map(repr, bad))
+            raise ValueError(f"model name(s) {names}: a letter, then letters, digits, _ or -; not root, sub or agent")
+        return value
+
     def bound_keys(self, field: str) -> tuple[BoundKey, ...]:
         """The values found for a model key (lm_api_key...), first source first, each with its endpoint."""
         return self._model_keys.get(field, ())
 
     def secret_values(self) -> list[str]:
         """Every secret these settings hold (keys, tokens), in clear: for masking, never for showing."""
-        values = (getattr(self, name) for name in SECRET_FIELDS)
+        values = [*(getattr(self, name) for name in SECRET_FIELDS), *(m.api_key for m in self.models.values())]
         return [v.get_secret_value() for v in values if v is not None and v.get_secret_value()]
 
     def make_home(self) -> None:
@@ -571,7 +617,40 @@ def _bound_model_keys(init: Mapping[str, Any]) -> dict[str, tuple[BoundKey, ...]
             _bound(dotenv.get(field), named, ".env"),
         )
         keys[field] = tuple(key for key in found if key is not None)
+    for name in {*_specs(init), *_specs(env), *_specs(dotenv)}:  # named models: each key with its own spec
+        found = (
+            _named_key(_specs(init).get(name), "the caller's settings"),
+            _named_key(_specs(env).get(name), "the environment (FLEET_MODELS)"),
+            _named_key(_specs(dotenv).get(name), ".env (FLEET_MODELS)"),
+        )
+        keys[named_key_field(name)] = tuple(key for key in found if key is not None)
     return keys
+
+
+def named_key_field(name: str) -> str:
+    return f"models.{name}.api_key"
+
+
+def _specs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The named models one source gives, as plain mappings (a source may give JSON text or specs)."""
+    raw = values.get("models")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return {}
+    if not isinstance(raw, Mapping):
+        return {}
+    specs = {str(k): v for k, v in raw.items() if isinstance(v, (Mapping, ModelSpec))}
+    return {k: v.model_dump() if isinstance(v, ModelSpec) else v for k, v in specs.items()}
+
+
+def _named_key(spec: Mapping[str, Any] | None, origin: str) -> BoundKey | None:
+    """A named model's key, bound to the endpoint the same source's spec names beside it: another source
+    (settings.json, which every face writes) may move the model, never its key."""
+    if spec is None:
+        return None
+    return _bound(spec.get("api_key"), named_endpoint(spec), origin)
 
 
 def _keyring_key(field: str, named: Endpoint | None) -> BoundKey | None:
@@ -619,6 +698,35 @@ def key_for(settings: Settings, role: Role) -> KeyChoice:
                                f"endpoint; give this model its own with `fleet-rlm config set {field}` "
                                "or the Settings page")  # fmt: skip
     return KeyChoice(None)
+
+
+def key_for_model(settings: Settings, name: str) -> KeyChoice:
+    """The key named model ``name`` sends: its own, bound to the endpoint it goes to, else the root's when
+    it goes to the root's endpoint, else none (with why, when a configured key stays behind)."""
+    target = named_endpoint(settings.models[name])
+    if target is None:
+        return KeyChoice(None)
+    own = settings.bound_keys(named_key_field(name))
+    shared = target == endpoint_of(dict(settings), "root")
+    root = settings.bound_keys("lm_api_key")
+    for key in (*own, *(root if shared else ())):
+        if key.endpoint == target:
+            return KeyChoice(key.value.get_secret_value())
+    if own:
+        given = own[0].endpoint or "no endpoint"
+        note = f"the api_key of model {name!r} from {own[0].origin} is for {given}"
+        return KeyChoice(None, f"the API key was withheld from {target}: {note}; give it with its api_base")
+    if shared and root:
+        return KeyChoice(None, _withheld("lm_api_key", root[0], target))
+    return KeyChoice(None)
+
+
+def models_shown(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The named models as faces show them: a key only as whether it is set."""
+    return {
+        name: {"model": spec.model, "api_base": spec.api_base, "api_key": "set" if spec.api_key else None}
+        for name, spec in settings.models.items()
+    }
 
 
 def withheld_keys(settings: Settings) -> dict[str, str]:
@@ -847,7 +955,8 @@ def describe_settings() -> list[dict[str, Any]]:
         rows.append({
             "name": name,
             "env": env_name(name),
-            "value": None if secret or value is None else (str(value) if isinstance(value, Path) else value),
+            "value": models_shown(settings) if name == "models" else None if secret or value is None
+            else (str(value) if isinstance(value, Path) else value),
             "source": source,
             "secret": secret,
             "set": value is not None,
@@ -894,6 +1003,9 @@ def save_settings(changes: dict[str, Any], *, running: bool = False) -> None:
             first = next(k for k, v in secrets.items() if v)
             raise ConfigError(NO_KEYRING_HELP.format(backend=backend, env=env_name(first)))
 
+    if "models" in changes:
+        changes = {**changes, "models": _models_to_save(changes["models"])}
+
     def apply(saved: dict[str, Any]) -> None:
         for name, value in changes.items():
             if name in SECRET_FIELDS:
@@ -916,6 +1028,20 @@ def save_settings(changes: dict[str, Any], *, running: bool = False) -> None:
                 keyring_set(_binding_name(name), endpoints[name].to_json())
 
     update_user_settings(apply)
+
+
+def _models_to_save(value: Any) -> Any:
+    """Named models as settings.json keeps them: JSON text read, and refused when it carries a key."""
+    if isinstance(value, str) and value.strip():
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            example = '{"fast": {"model": "openai/gpt-4o-mini"}}'
+            raise UserError(f"models must be JSON, as in {example}: {exc}") from None
+    if isinstance(value, Mapping) and any(isinstance(s, Mapping) and s.get("api_key") for s in value.values()):
+        raise UserError("models: an api_key is never saved to a file; give the model with its key in FLEET_MODELS "
+                        "(the environment or .env), or save it here without one")  # fmt: skip
+    return value
 
 
 def _endpoints_for_keys(fields: list[str], saved: dict[str, Any]) -> dict[str, Endpoint]:

@@ -218,6 +218,7 @@ class SubcallFinishedData(Usage, total=False):
     batch: dict[str, int]  # {"id", "index", "size"}
     images: int  # image parts the call sent (llm_query(images=...)); never their pixels
     image_bytes: int  # their bytes together
+    model_name: str  # the configured model that answered: "sub", or a name of settings.models (model=NAME)
 
 
 class ChildStartedData(TypedDict):

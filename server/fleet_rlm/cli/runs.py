@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     admit(settings, req, lambda: volumes_for(settings))  # a mistake is refused before the runtime loads
     from fleet_rlm.core.engine import Engine
-    from fleet_rlm.core.views import cache_note
+    from fleet_rlm.core.views import cache_note, models_note
 
     async def go() -> Any:
         async with Engine(settings) as engine:
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"[{result.status} · run {result.run_id} · {plural(result.iterations, 'step')}"
             f" · {plural(result.llm_calls, 'model call')}"
             f" · {tokens_of(tokens):,} tokens"
-            f"{cache_note(tokens)} · {result.seconds:.1f}s]"
+            f"{cache_note(tokens)}{models_note(result.usage)} · {result.seconds:.1f}s]"
             + (f"\n{result.stop_reason}" if result.stop_reason else ""),
             file=sys.stderr,
         )

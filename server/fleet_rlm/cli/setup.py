@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import json
 import sys
 from typing import Any
 
@@ -35,6 +36,8 @@ def _display(settings: cfg.Settings, name: str) -> str:
     value = getattr(settings, name)
     if name in cfg.SECRET_FIELDS:
         return cfg.mask(value.get_secret_value() if value is not None else None)
+    if name == "models":
+        return json.dumps(cfg.models_shown(settings)) if value else "(not set)"
     return "(not set)" if value is None else str(value)
 
 

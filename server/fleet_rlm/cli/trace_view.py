@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.tree import Tree
 
 from fleet_rlm.cli.common import plural
-from fleet_rlm.core.views import cache_note, lineage_line, lineage_of
+from fleet_rlm.core.views import cache_note, lineage_line, lineage_of, models_note
 from fleet_rlm.types import tokens_of
 
 
@@ -50,7 +50,7 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
                 calls.add(
                     escape(
                         f"{_short(call.get('prompt_preview'), full, 60)!r} → {_short(outcome, full, 80)!r}"
-                        f" ({call.get('latency') or 0:.2f}s)"
+                        f" ({_named(call)}{call.get('latency') or 0:.2f}s)"
                     )
                 )
         for child in step["children"]:
@@ -63,6 +63,12 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
         tree.add("[red]warning[/red] " + escape(str(warning)))
 
 
+def _named(call: dict[str, Any]) -> str:
+    """The named model that answered a sub-query (``model=NAME``), as "fast, "; empty for the sub model."""
+    name = call.get("model_name")
+    return f"{name}, " if name and name != "sub" else ""
+
+
 def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Console | None = None) -> None:
     console = console or Console(highlight=False)
     run = trace["run"]
@@ -72,6 +78,7 @@ def render(row: Any, trace: dict[str, Any], *, full: bool = False, console: Cons
         f" · {plural(row.llm_calls, 'model call')}"
         f" · {tokens_of(usage):,} tokens"
         f"{escape(cache_note(usage))}"
+        f"{escape(models_note(run.get('usage') or {}))}"
     )
     tree = Tree(title)
     tree.add("[bold]question[/bold] " + escape(_short(row.question, full)))

@@ -98,6 +98,7 @@ class Engine:
         self._sessions: dict[str, Session] = {}
         self._programs: dict[str | None, Any] = {}  # program version id (None: built-in) -> RLMProgram
         self._lms: tuple[Any, Any] | None = None
+        self._named_lms: dict[str, Any] = {}  # settings.models, each built once (named_model)
         self._reaper: asyncio.Task[None] | None = None
         self._workspace: Workspace | None = None
         self._preflight = asyncio.Lock()
@@ -345,6 +346,7 @@ class Engine:
             raise ConfigError(f"FLEET_HOME changed to {settings.home}: restart to use the new folder")
         self.settings = settings
         self._lms = None  # the model settings may have changed
+        self._named_lms = {}
         if self._volumes is not None:
             self._volumes.quota = volume_quota(settings)
 
@@ -513,6 +515,15 @@ class Engine:
             self._lms = (build_lm(self.settings), build_lm(self.settings, role="sub"))
         return self._lms
 
+    def named_model(self, name: str) -> Any:
+        """Named model ``name`` of the settings (``llm_query(model=NAME)``), built once like ``models``."""
+        lm = self._named_lms.get(name)
+        if lm is None:
+            from fleet_rlm.core.lm import build_named_lm
+
+            lm = self._named_lms[name] = build_named_lm(self.settings, name)
+        return lm
+
     def _run_context(
         self, run_id: str, emit: Any, limits: Any, scratch: Path, volumes: dict[str, Path], program: Any, tape: Tape
     ) -> RunContext:
@@ -529,6 +540,7 @@ class Engine:
             volumes=volumes,
             volume_store=self.volumes,
             tape=tape,
+            named_models=self.named_model,
         )
 
     def _replay_models(self) -> tuple[Any, Any]:

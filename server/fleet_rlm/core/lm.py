@@ -42,6 +42,7 @@ from fleet_rlm.config import (
     Role,
     Settings,
     key_for,
+    key_for_model,
     provider_of,
     role_model,
     role_model_and_base,
@@ -65,6 +66,7 @@ class CallUsage:
     completion_tokens: int = 0
     cost: float | None = None
     latency: float = 0.0
+    name: str = ""  # which configured model answered: "root", "sub" or a named one (settings.models)
     replayed: bool = False  # answered from a run's record (core.tape): no model was called, nothing paid
     cached_tokens: int = 0  # prompt tokens the provider read from its prompt cache (part of prompt_tokens)
     cache_write_tokens: int = 0  # prompt tokens written to it (Anthropic bills these above the input rate)
@@ -79,6 +81,7 @@ class Usage:
     """Totals per model, for a node or a whole run."""
 
     by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    by_name: dict[str, dict[str, Any]] = field(default_factory=dict)  # the same per configured model: root, sub, fast
     sandbox: dict[str, float] = field(default_factory=dict)  # remote sandbox time and its cost, when billed
 
     def add(self, call: CallUsage) -> None:
@@ -90,6 +93,11 @@ class Usage:
         slot["cached_tokens"] += call.cached_tokens
         slot["cache_write_tokens"] += call.cache_write_tokens
         slot["saved"] += call.saved
+        if call.name:
+            empty = {"model": call.model} | dict.fromkeys(TOTALS, 0) | {"cost": 0.0, "saved": 0.0}
+            named = self.by_name.setdefault(call.name, empty)
+            for key in TOTALS:
+                named[key] += 1 if key == "calls" else (getattr(call, key) or 0)
 
     def add_sandbox(self, seconds: float, cost: float) -> None:
         self.sandbox["seconds"] = self.sandbox.get("seconds", 0.0) + seconds
@@ -105,10 +113,13 @@ class Usage:
 
     def to_dict(self) -> dict[str, Any]:
         totals = {key: sum(s[key] for s in self.by_model.values()) for key in TOTALS}
+        report: dict[str, Any] = {"total": totals, "by_model": self.by_model}
+        if self.by_name:
+            report["by_name"] = self.by_name
         if not self.sandbox:
-            return {"total": totals, "by_model": self.by_model}
+            return report
         sandbox = {"seconds": round(self.sandbox["seconds"], 3), "cost": round(self.sandbox["cost"], 6)}
-        return {"total": totals, "by_model": self.by_model, "sandbox": sandbox}
+        return report | {"sandbox": sandbox}
 
 
 _sink: ContextVar[list[dict[str, Any]] | None] = ContextVar("fleet_lm_sink", default=None)
@@ -124,6 +135,7 @@ class MeteredLM(dspy.LM):
     key_note: str | None = None  # why a configured key was not sent to this endpoint (``config.key_for``)
     price: tuple[float, float] | None = None  # USD per prompt and per reply token set for this model
     mark_cache: bool = False  # mark the transcript's stable prefix cacheable (Anthropic models, FLEET_PROMPT_CACHE)
+    name: str = "root"  # the configured model this is: "root", "sub" or a name of settings.models
 
     def update_history(self, entry: dict[str, Any]) -> None:
         tokens = entry.get("usage") or {}
@@ -149,7 +161,8 @@ class MeteredLM(dspy.LM):
             self._check_vision(messages)
             return call()
 
-        return tape.call(prompt, keyed(messages), live, usage_records(), self._explain)
+        with self._named():
+            return tape.call(*self._request(prompt, messages), live, usage_records(), self._explain)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
         call = functools.partial(super().acall, prompt, messages=self._on_wire(messages), **kwargs)
@@ -158,7 +171,30 @@ class MeteredLM(dspy.LM):
             self._check_vision(messages)
             return await call()
 
-        return await tape.acall(prompt, keyed(messages), live, usage_records(), self._explain)
+        with self._named():
+            return await tape.acall(*self._request(prompt, messages), live, usage_records(), self._explain)
+
+    def _request(self, prompt: Any, messages: Any) -> tuple[Any, Any]:
+        """The request as a run's record keys it: a named model's name is part of it, so a replay or fork
+        whose code asks another model than the recorded call did diverges there (the root's and the sub
+        model's keys stay as they always were: records made before named models still replay)."""
+        messages = keyed(messages)
+        if self.name in ROLE_NAMES:
+            return prompt, messages
+        if messages is None:
+            return {"model": self.name, "prompt": prompt}, None
+        return prompt, [{"role": "model", "content": self.name}, *messages]
+
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """Every usage record this call leaves (live or answered from the record) names this model."""
+        records = usage_records()
+        mark = len(records) if records is not None else 0
+        try:
+            yield
+        finally:
+            for record in records[mark:] if records is not None else ():
+                record.setdefault("name", self.name)
 
     def _check_vision(self, messages: Any) -> None:
         if image_parts(messages):
@@ -340,7 +376,8 @@ async def metered(
 def _sum(records: list[dict[str, Any]], latency: float) -> CallUsage | None:
     if not records:
         return None
-    usage = CallUsage(model=str(records[-1].get("model") or ""), latency=latency)
+    last = records[-1]
+    usage = CallUsage(model=str(last.get("model") or ""), latency=latency, name=str(last.get("name") or ""))
     usage.replayed = all(rec.get("replayed") for rec in records)
     cost = 0.0
     for rec in records:
@@ -381,6 +418,34 @@ def build_lm(settings: Settings, *, role: Role = "root") -> MeteredLM:
     lm.key_note = key.note
     lm.price = _price(settings, role)
     lm.mark_cache = settings.prompt_cache and role == "root" and _is_anthropic(model)
+    lm.name = role
+    return lm
+
+
+ROLE_NAMES = ("root", "sub", "agent")
+
+
+def build_named_lm(settings: Settings, name: str) -> MeteredLM:
+    """Named model ``name`` of ``settings.models``, with the key bound to its own endpoint (``key_for_model``).
+    No price setting: LiteLLM's cost map prices it, when it knows the model."""
+    spec = settings.models[name]
+    key = key_for_model(settings, name)
+    api_key = key.value or ("not-needed" if spec.api_base else None)  # never another endpoint's key (build_lm)
+    try:
+        lm = MeteredLM(
+            spec.model,
+            api_base=spec.api_base,
+            api_key=api_key,
+            cache=False,
+            num_retries=settings.lm_retries,
+            max_tokens=settings.lm_max_tokens,
+            timeout=settings.lm_timeout,
+        )
+    except (ValueError, LMConfigurationError) as exc:
+        refusal = f"model {name!r} ({spec.model}) cannot be used with these settings: {exc}"
+        raise ConfigError(redact_text(refusal)) from None
+    lm.key_note = key.note
+    lm.name = name
     return lm
 
 

@@ -53,7 +53,11 @@ class RunHost(Protocol):
 
     def next_batch_id(self) -> int: ...
 
-    async def child(self, parent: NodeRuntime, prompt: str, context: str | None) -> str: ...
+    def named_lm(self, name: Any) -> Any: ...
+
+    async def child(
+        self, parent: NodeRuntime, prompt: str, context: str | None, *, model: str | None = None
+    ) -> str: ...
 
 
 PREVIEW = 200
@@ -85,8 +89,10 @@ class NodeRuntime:
         sandbox: Sandbox,
         staged: StagedContext | None,
         origin: str = "",
+        root_lm: Any = None,
     ) -> None:
         self.run = run
+        self.root_lm = root_lm if root_lm is not None else run.root_lm  # rlm_query(model=NAME): a named one
         self.node = node
         self.parent = parent
         self.depth = depth
@@ -148,37 +154,53 @@ class NodeRuntime:
 
         return call
 
-    async def llm_query(self, prompt: str, images: list[Any] | None = None) -> str:
-        """One sub-model call, with ``images`` (source names or bytes, ``core.images``) as image parts;
-        a refused prompt or image list raises ValueError/TypeError, a failed call RuntimeError."""
+    async def llm_query(self, prompt: str, images: list[Any] | None = None, model: str | None = None) -> str:
+        """One sub-model call, with ``images`` (source names or bytes, ``core.images``) as image parts, by
+        the sub model or the named model ``model`` (settings.models); a refused prompt, image list or model
+        name raises ValueError/TypeError, a failed call RuntimeError."""
+        lm = self._sub_lm(model)
         refusal = self._prompt_refusal(prompt)
         if refusal:
             raise ValueError(refusal)
         refs = images_of.resolve(images, self.staged)
-        result = await self._subcall(prompt, batch=None, images=refs)
+        result = await self._subcall(prompt, batch=None, images=refs, lm=lm)
         if result.startswith("[ERROR]"):
             raise RuntimeError(result[8:])
         return result
 
-    async def llm_query_batched(self, prompts: list[str], images: list[Any] | None = None) -> list[str]:
+    async def llm_query_batched(
+        self, prompts: list[str], images: list[Any] | None = None, model: str | None = None
+    ) -> list[str]:
         """Concurrent sub-calls (bounded run-wide); a failure fills only its own slot. ``images`` holds one
-        list of images per prompt (``[]`` for none); a slot whose images are refused gets its reason."""
+        list of images per prompt (``[]`` for none); a slot whose images are refused gets its reason.
+        ``model``: a named model answers them all (an unknown name raises ValueError)."""
         if not isinstance(prompts, list):
             raise TypeError("llm_query_batched takes a list of prompt strings")
+        lm = self._sub_lm(model)
         per_prompt = images_of.resolve_batch(images, len(prompts), self.staged)
         batch = self.run.next_batch_id()
         return list(
             await asyncio.gather(
-                *(self._subcall(p, batch=(batch, i, len(prompts)), images=per_prompt[i]) for i, p in enumerate(prompts))
+                *(
+                    self._subcall(p, batch=(batch, i, len(prompts)), images=per_prompt[i], lm=lm)
+                    for i, p in enumerate(prompts)
+                )
             )
         )
 
-    async def rlm_query(self, prompt: str, context: str | None = None) -> str:
-        return await self.run.child(self, _require_text(prompt), context)
+    async def rlm_query(self, prompt: str, context: str | None = None, model: str | None = None) -> str:
+        """A child RLM; ``model`` names the model of its root steps (its own sub-calls stay the run's sub model)."""
+        if model is not None:
+            self._sub_lm(model)  # an unknown name raises here, before the child starts
+        return await self.run.child(self, _require_text(prompt), context, model=model)
 
-    async def rlm_query_batched(self, prompts: list[str], contexts: list[str] | None = None) -> list[str]:
+    async def rlm_query_batched(
+        self, prompts: list[str], contexts: list[str] | None = None, model: str | None = None
+    ) -> list[str]:
         if not isinstance(prompts, list):
             raise TypeError("rlm_query_batched takes a list of prompt strings")
+        if model is not None:
+            self._sub_lm(model)
         if contexts is not None and len(contexts) != len(prompts):
             raise ValueError("rlm_query_batched: contexts must be as long as prompts")
         gate = asyncio.Semaphore(self.run.settings.child_concurrency)
@@ -186,11 +208,15 @@ class NodeRuntime:
         async def one(i: int) -> str:
             async with gate:
                 try:
-                    return await self.run.child(self, prompts[i], contexts[i] if contexts else None)
+                    return await self.run.child(self, prompts[i], contexts[i] if contexts else None, model=model)
                 except Exception as exc:  # a child's model error may quote the key: mask it
                     return f"[ERROR] {redact_text(str(exc))}"
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    def _sub_lm(self, model: Any) -> Any:
+        """The LM a sub-call asks: the run's sub model, or the named one (unknown: ValueError with the names)."""
+        return self.run.sub_lm if model is None else self.run.named_lm(model)
 
     def _prompt_refusal(self, prompt: Any) -> str | None:
         """Why a prompt is never sent to the sub-model, or None. The host checks it: the sandbox's
@@ -213,7 +239,12 @@ class NodeRuntime:
         return None
 
     async def _subcall(
-        self, prompt: Any, *, batch: tuple[int, int, int] | None, images: list[images_of.ImageRef] | str | None = None
+        self,
+        prompt: Any,
+        *,
+        batch: tuple[int, int, int] | None,
+        images: list[images_of.ImageRef] | str | None = None,
+        lm: Any = None,
     ) -> str:
         """One sub-call; ``images`` are sent as image parts (a str: why this slot's images were refused)."""
         slot = f"{self.step_path(self.step)}/sub{self._subs}"  # numbered before any wait: in the order asked
@@ -223,7 +254,9 @@ class NodeRuntime:
             return f"[ERROR] {refusal}"
         images = images if isinstance(images, list) else []
         run = self.run
+        lm = run.sub_lm if lm is None else lm
         data: dict[str, Any] = {"prompt_preview": prompt[:PREVIEW], "prompt_chars": len(prompt)}
+        data["model_name"] = getattr(lm, "name", "sub")
         if batch:
             data["batch"] = {"id": batch[0], "index": batch[1], "size": batch[2]}
         if images:  # counted, never shown: the pixels stay out of events
@@ -232,7 +265,7 @@ class NodeRuntime:
             self.budget.reserve(1)
             async with run.subcall_gate:  # images are read inside it: at most FLEET_CONCURRENCY calls' worth held
                 with tape.at(run.tape, slot):
-                    answer, usage = await metered(lambda: self._ask(prompt, images), run.record_usage)
+                    answer, usage = await metered(lambda: self._ask(lm, prompt, images), run.record_usage)
             text = str(answer[0]) if answer else ""
             data.update(response_preview=text[:PREVIEW], response_chars=len(text), error=None)
             data.update(usage_fields(usage))
@@ -240,14 +273,13 @@ class NodeRuntime:
             text = f"[ERROR] {exc.reason}"
             data["error"] = exc.reason
         except Exception as exc:
-            reason = explain_lm_error(exc, run.sub_lm) + (_vision_hint(exc, run.sub_lm, len(images)) if images else "")
+            reason = explain_lm_error(exc, lm) + (_vision_hint(exc, lm, len(images)) if images else "")
             text = f"[ERROR] {reason}"
             data["error"] = reason
         self.emit("subcall.finished", data)
         return text
 
-    async def _ask(self, prompt: str, images: list[images_of.ImageRef]) -> Any:
-        sub_lm = self.run.sub_lm
+    async def _ask(self, sub_lm: Any, prompt: str, images: list[images_of.ImageRef]) -> Any:
         if not images:
             return await sub_lm.acall(prompt=prompt)
         messages = await asyncio.to_thread(images_of.messages, prompt, images)
@@ -284,6 +316,14 @@ class NodeRuntime:
             lines.append("context: empty (no input given; work from the query)")
         else:
             lines.append("context: unchanged from the previous run in this session")
+        models = getattr(self.run.settings, "models", None)
+        if models:  # only when some are configured: the prompt of a run without named models stays as it was
+            named = ", ".join(f"{name} ({spec.model})" for name, spec in models.items())
+            lines.append(
+                f"models for sub-calls: {named}; pick one with llm_query(prompt, model=NAME), "
+                "llm_query_batched(prompts, model=NAME) or rlm_query(prompt, context, model=NAME) (the child's own "
+                "steps); without model=, the default sub model answers"
+            )
         if self.sandbox.volume_paths:
             mounts = ", ".join(f"{n} at {p}" for n, p in self.sandbox.volume_paths.items())
             lines.append(f"volumes (persistent folders: memory/ artifacts/ buffers/ meta/): {mounts}")
@@ -312,7 +352,7 @@ class NodeRuntime:
         if not final:
             self.budget.check()
         slot = f"{self.step_path(step)}/{'extract' if final else 'act'}"
-        with dspy.context(lm=run.root_lm, adapter=run.adapter), noting_reply_forms() as forms, tape.at(run.tape, slot):
+        with dspy.context(lm=self.root_lm, adapter=run.adapter), noting_reply_forms() as forms, tape.at(run.tape, slot):
             try:
                 prediction, usage = await metered(lambda: predictor.acall(**inputs), run.record_usage)
             finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ from fleet_rlm.config import Settings
 from fleet_rlm.core.budget import Budget, Limits
 from fleet_rlm.core.context import StagedContext, image_file_name, stage_context
 from fleet_rlm.core.inputs.documents import Converter
-from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage
+from fleet_rlm.core.lm import CallUsage, MeteredLM, Usage, build_named_lm, has_price
 from fleet_rlm.core.node import NodeRuntime
 from fleet_rlm.core.program import NodeResult, RLMProgram, TranscriptAdapter
 from fleet_rlm.core.tape import Tape
@@ -43,6 +44,7 @@ class RunContext:
         volumes: dict[str, Path],
         volume_store: Volumes | None = None,
         tape: Tape | None = None,
+        named_models: Callable[[str], MeteredLM] | None = None,
     ) -> None:
         self.run_id = run_id
         self.settings = settings
@@ -55,6 +57,8 @@ class RunContext:
         self.emit = emit  # (kind, data, *, node, parent, depth): every node's events go here
         self.root_lm = root_lm
         self.sub_lm = sub_lm
+        # Named models (settings.models), built once per engine when it hands its cache over.
+        self._named_models = named_models or functools.cache(functools.partial(build_named_lm, settings))
         self.adapter = TranscriptAdapter()
         self.program = program
         self.scratch = scratch  # host-only folder of this run: staged inputs and one folder per sandbox
@@ -81,6 +85,21 @@ class RunContext:
             report["replayed"] = self.replayed.to_dict()["total"]
         return report
 
+    def named_lm(self, name: Any) -> MeteredLM:
+        """The named model ``name`` for a sub-call (``model=NAME`` in the REPL); an unknown name is a
+        ValueError the code sees, listing the names configured."""
+        configured = self.settings.models
+        if not isinstance(name, str) or name not in configured:
+            names = ", ".join(sorted(configured)) or "none (set FLEET_MODELS or `fleet-rlm config set models`)"
+            raise ValueError(f"no model named {name!r}; configured: {names}")
+        lm = self._named_models(name)
+        if self.limits.max_cost is not None and not has_price(lm):  # its calls would count as $0 against the cap
+            raise ValueError(
+                f"model {name!r} ({lm.model}) has no known price, so a run with a cost cap cannot use it: cap "
+                "model calls with max_llm_calls instead of max_cost"
+            )
+        return lm
+
     def next_batch_id(self) -> int:
         self._batches += 1
         return self._batches
@@ -101,12 +120,14 @@ class RunContext:
         self.iterations += result.iterations
         return result
 
-    async def child(self, parent: NodeRuntime, prompt: str, context: str | None) -> str:
-        """A child RLM with its own REPL, sharing this run's budget; deeper than allowed, a plain call."""
+    async def child(self, parent: NodeRuntime, prompt: str, context: str | None, *, model: str | None = None) -> str:
+        """A child RLM with its own REPL, sharing this run's budget; deeper than allowed, a plain call.
+        ``model``: a named model takes the child's root steps; its sub-calls stay the run's sub model."""
         depth = parent.depth + 1
         if depth > self.limits.max_depth:
             parent.warn(f"rlm_query at depth {depth} exceeds max_depth {self.limits.max_depth}; using llm_query")
-            return await parent.llm_query(prompt if not context else f"{prompt}\n\n{context}")
+            return await parent.llm_query(prompt if not context else f"{prompt}\n\n{context}", model=model)
+        root_lm = self.named_lm(model) if model is not None else None
         index = self._children.get(parent.node, 0) + 1
         self._children[parent.node] = index
         node = f"{parent.node}.{index}"
@@ -128,7 +149,7 @@ class RunContext:
                 origin = parent.step_path(parent.step) + ">"  # this child's calls are recorded under it
                 runtime = NodeRuntime(
                     self, node=node, parent=parent.node, depth=depth, query=prompt, sandbox=sandbox, staged=staged,
-                    origin=origin
+                    origin=origin, root_lm=root_lm
                 )  # fmt: skip
                 result = await self.run_node(runtime)
         except Exception as exc:

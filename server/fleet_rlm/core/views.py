@@ -277,6 +277,20 @@ def cache_note(counts: dict[str, Any]) -> str:
     return f" · {cached / prompt:.0%} of prompt cached" + (f", ${saved:.4f} saved" if saved else "")
 
 
+def models_note(usage: dict[str, Any]) -> str:
+    """Calls and tokens per configured model, as " · models: root 2 calls 1,200 tok, fast 3 calls 90 tok";
+    empty unless a named model (settings.models) answered some, so a run of the root and sub model reads
+    as it always did."""
+    by_name = usage.get("by_name") or {}
+    if not set(by_name) - {"root", "sub"}:
+        return ""
+    parts = []
+    for name, part in by_name.items():
+        cost = f", ${part['cost']:.4f}" if part.get("cost") else ""
+        parts.append(f"{name} {int(part.get('calls') or 0)} ({tokens_of(part):,} tok{cost})")
+    return " · models: " + ", ".join(parts)
+
+
 class SessionInfo(View):
     id: str
     name: str | None
