@@ -309,10 +309,14 @@ export function cacheNote(u) {
   return `${Math.round((100 * cached) / prompt)}% of prompt cached${u.saved ? `, ${fmtCost(u.saved)} saved` : ""}`;
 }
 
-/** Tokens and cost per model from a run's usage ({total, by_model}). */
+/** Tokens and cost per model from a run's usage ({total, by_model, by_name}): per configured model
+ * (root, sub, each named one: "fast (openai/gpt-4o-mini)") once a named model answered, else per model. */
 export function usageTable(usage) {
-  const byModel = (usage && usage.by_model) || {};
-  const rows = Object.entries(byModel);
+  const byName = (usage && usage.by_name) || {};
+  const named = Object.keys(byName).some((n) => n !== "root" && n !== "sub");
+  const rows = named
+    ? Object.entries(byName).map(([n, u]) => [u.model ? `${n} (${u.model})` : n, u])
+    : Object.entries((usage && usage.by_model) || {});
   if (!rows.length) return h("p", { class: "muted" }, "No model usage recorded yet.");
   const total = usage.total || {};
   const row = (name, u, cls) => h("tr", { class: cls || null },
