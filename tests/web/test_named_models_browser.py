@@ -1,5 +1,6 @@
-"""The web run page shows usage per configured model once a named model (FLEET_MODELS) answered: the
-real ``fleet web`` command, two scripted model servers, Debian's chromium (issue 38)."""
+"""The web run page, and the one-file HTML export, show usage per configured model once a named model
+(FLEET_MODELS) answered: the real ``fleet web`` command, two scripted model servers, Debian's chromium
+(issue 38)."""
 
 from __future__ import annotations
 
@@ -42,5 +43,13 @@ def test_the_run_page_shows_each_named_models_usage(tmp_path: Path) -> None:
             expect(table).to_contain_text("root (openai/oracle)")
             expect(table).to_contain_text("sub (openai/oracle)")
             expect(table).to_contain_text("fast (openai/gpt-4o-mini)")
+            # The one-file HTML export shows the same rows.
+            with server.api() as api:
+                exported = api.get(f"/api/runs/{run_id}/export.html")
+            assert exported.status_code == 200
+            (tmp_path / "trace.html").write_text(exported.text)
+            page.goto((tmp_path / "trace.html").as_uri())
+            expect(page.locator("#usage tbody tr")).to_have_count(3)
+            expect(page.locator("#usage")).to_contain_text("fast (openai/gpt-4o-mini)")
             assert not errors, errors
     assert len(fast.requests()) == 1
