@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -227,6 +236,38 @@ class BoundKey:
     origin: str
 
 
+class McpServerSpec(BaseModel):
+    """One MCP server whose tools a run may mount in its REPL (core.tools), in the shape of Claude
+    Code's ``.mcp.json`` entries: ``{"command", "args", "env"}`` (stdio) or ``{"type": "http", "url",
+    "headers"}``. Header and environment values are secrets: masked everywhere, never shown."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["stdio", "http"] = Field("stdio", description="stdio (a command) or http (a URL).")
+    command: str | None = Field(None, description="The program that serves MCP over stdio.")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, SecretStr] = Field(default_factory=dict, description="Its environment (values are secrets).")
+    cwd: str | None = None
+    url: str | None = Field(None, description="The Streamable HTTP endpoint (http type).")
+    headers: dict[str, SecretStr] = Field(default_factory=dict, description="Request headers (values are secrets).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) and "type" not in value and value.get("url") and not value.get("command"):
+            return {**value, "type": "http"}
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> McpServerSpec:
+        if self.type == "stdio" and not self.command:
+            raise ValueError('a stdio MCP server needs a "command"')
+        if self.type == "http" and not (self.url or "").startswith(("http://", "https://")):
+            raise ValueError('an http MCP server needs a "url" starting with http:// or https://')
+        remember_secrets([v.get_secret_value() for v in (*self.env.values(), *self.headers.values())])
+        return self
+
+
 class Settings(BaseSettings):
     """Every knob of the runtime; names map to env vars ``FLEET_<NAME>``."""
 
@@ -391,6 +432,19 @@ class Settings(BaseSettings):
         "or loopback (127.0.0.1, 10.0.0.0/8, git.internal).",
     )
     fetch_max_mb: int = Field(20, ge=1, description="Largest web page or repository one run fetches as context, MB.")
+    mcp_servers: dict[str, McpServerSpec] = Field(
+        default_factory=dict,
+        description='MCP servers a run may mount (--mcp NAME), as in .mcp.json: {"github": {"type": "http", '
+        '"url": "...", "headers": {...}}, "files": {"command": "...", "args": [...]}}. docs/tools.md.',
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Python functions (module:function) every run's REPL may call, run on the host. docs/tools.md.",
+    )
+    tool_timeout: float = Field(60.0, gt=0, description="Seconds one tool call from the REPL may take.")
+    tool_result_max_chars: int = Field(
+        1_000_000, ge=100, description="Largest tool result (as JSON characters) a REPL call may return."
+    )
 
     # Every model key found, in the order the sources are read, with the endpoint it may go to.
     _model_keys: dict[str, tuple[BoundKey, ...]] = PrivateAttr(default_factory=dict)

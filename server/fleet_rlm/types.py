@@ -57,6 +57,7 @@ CONTEXT_FETCHED: Final = "context.fetched"  # a page or repository fetched for t
 LM_CALL: Final = "lm.call"
 CODE_EXECUTED: Final = "code.executed"
 SUBCALL_FINISHED: Final = "subcall.finished"
+TOOL_CALLED: Final = "tool.called"  # a tool of an MCP server, or a registered Python function, called from the REPL
 CHILD_STARTED: Final = "child.started"
 CHILD_FINISHED: Final = "child.finished"
 WARNING: Final = "warning"
@@ -79,6 +80,7 @@ EventKind = Literal[
     "lm.call",
     "code.executed",
     "subcall.finished",
+    "tool.called",
     "child.started",
     "child.finished",
     "warning",
@@ -91,8 +93,8 @@ EventKind = Literal[
 ]
 EVENT_KINDS: Final = frozenset(
     {RUN_STARTED, RUN_FINISHED, CONTEXT_LOADED, CONTEXT_FETCHED, LM_CALL, CODE_EXECUTED, SUBCALL_FINISHED,
-     CHILD_STARTED, CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL, OPTIMIZE_SCORED,
-     OPTIMIZE_FINISHED, HISTORY_COMPACTED}
+     TOOL_CALLED, CHILD_STARTED, CHILD_FINISHED, WARNING, REPLAY_DIVERGED, OPTIMIZE_STARTED, OPTIMIZE_EVAL,
+     OPTIMIZE_SCORED, OPTIMIZE_FINISHED, HISTORY_COMPACTED}
 )
 
 
@@ -221,6 +223,18 @@ class SubcallFinishedData(Usage, total=False):
     model_name: str  # the configured model that answered: "sub", or a name of settings.models (model=NAME)
 
 
+class ToolCalledData(TypedDict, total=False):
+    """One tool call from the REPL (core/tools.py): sizes and time, never the arguments or result themselves."""
+
+    server: str  # the configured MCP server, or "python" for a registered function
+    tool: str  # the tool's name at its server, or "module:function"
+    arg_chars: int  # the arguments, as JSON characters
+    result_chars: int
+    seconds: float
+    error: str | None
+    replayed: bool  # answered from the run's record (a replay, a fork's first steps): no tool was called
+
+
 class ChildStartedData(TypedDict):
     query_preview: str
     query_chars: int
@@ -316,6 +330,7 @@ PAYLOADS: Final[dict[str, type]] = {
     LM_CALL: LmCallData,
     CODE_EXECUTED: CodeExecutedData,
     SUBCALL_FINISHED: SubcallFinishedData,
+    TOOL_CALLED: ToolCalledData,
     CHILD_STARTED: ChildStartedData,
     CHILD_FINISHED: ChildFinishedData,
     WARNING: WarningData,
@@ -394,6 +409,9 @@ class RunRequest:
     context_urls: list[str] = field(default_factory=list)  # web pages, fetched as text before staging
     repo_url: str | None = None  # a git repository, cloned shallowly and staged like a folder
     repo_ref: str | None = None  # its branch or tag; None: the default branch
+    mcp_servers: list[str] = field(default_factory=list)  # configured MCP servers whose tools the REPL gets
+    tools: list[str] = field(default_factory=list)  # Python functions ("module:function") the REPL gets (the CLI)
+    allow_tools: list[str] = field(default_factory=list)  # "server.tool" (or "server.*") that may change things
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import prereqs
+from tests.support import prereqs, tools_mcp_server
 from tests.support.oracle_lm import PRICED, OracleLM, Scenario
 from tests.support.web_site import Site, make_repo
 
@@ -121,6 +121,7 @@ GOOD: dict[WalkKey, list[str]] = {
     **_walks(RUN, "run hello --max-iters 3 --max-depth 0 --max-llm-calls 5 --max-seconds 60 --max-cost 1.5"),
     **_walks(RUN, "run hello --context {dir} --include-hidden --json"),
     **_walks(RUN, "run hello --repo {repo}@v1"),  # a smart-HTTP git server on 127.0.0.1, allowed for the walk
+    **_walks(RUN, "run hello --mcp lab --allow-tool lab.wipe --tool textwrap:dedent"),  # lab: FLEET_MCP_SERVERS
     (("fleet-rlm", "runs"), "--limit"): ["runs", "--limit", "1"],
     (("fleet-rlm", "runs"), "--status"): ["runs", "--status", "succeeded"],
     (("fleet-rlm", "runs"), "--json"): ["runs", "--json"],
@@ -338,6 +339,8 @@ def test_every_documented_command_and_flag(fleet_env: dict, oracle: OracleLM, tm
         assert run("volumes", "put", str(note), target, env=fleet_env).returncode == 0
     first = json.loads(run("run", "hello", "--text", "x", "--json", env=fleet_env).stdout)
     fleet_env["FLEET_FETCH_ALLOWED_HOSTS"] = "127.0.0.1"  # the walk's git server
+    lab = {"command": sys.executable, "args": [tools_mcp_server.__file__, "stdio", str(tmp_path / "lab.log")]}
+    fleet_env["FLEET_MCP_SERVERS"] = json.dumps({"lab": lab})  # --mcp lab: the REPL-tools tests' server
     values = {"file": str(note), "dir": str(folder), "run": first["run_id"], "missing": str(tmp_path / "nope.txt")}
     values["repo"] = walk_repo
 

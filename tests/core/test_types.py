@@ -51,8 +51,8 @@ async def test_every_event_of_a_real_run_matches_its_payload_type(fleet_env: dic
         seen.add(event["kind"])
     run_kinds = {k for k in EVENT_KINDS if not k.startswith("optimize.")}  # optimizations: tests/optimize
     # A replay's: tests/core/test_replay.py; a fetch's (pages, repositories): tests/core/test_fetch.py; a
-    # compaction's: tests/core/test_compaction.py.
-    assert seen >= run_kinds - {"warning", "replay.diverged", "context.fetched", "history.compacted"}
+    # compaction's: tests/core/test_compaction.py; a tool call's: tests/core/test_tools.py.
+    assert seen >= run_kinds - {"warning", "replay.diverged", "context.fetched", "history.compacted", "tool.called"}
 
 
 @pytest.mark.slow

@@ -73,6 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--session", metavar="ID", help="continue in a session's REPL")
     run.add_argument("--volume", metavar="NAME", help="mount only this volume (created if new); default: all volumes")
+    run.add_argument(
+        "--mcp", action="append", default=[], metavar="NAME",
+        help="give the REPL the tools of this configured MCP server (FLEET_MCP_SERVERS; repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--tool", action="append", default=[], metavar="MODULE:FUNCTION",
+        help="give the REPL this Python function, imported and run on the host (repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--allow-tool", action="append", default=[], metavar="SERVER.TOOL",
+        help="let the REPL call this tool although it is not marked read-only (SERVER.* for all; repeatable)",
+    )  # fmt: skip
     _limits(run)
     run.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     _trace_mode(run)

@@ -65,6 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         session_id=args.session,
         volume=args.volume,
         include_hidden=args.include_hidden,
+        mcp_servers=args.mcp,
+        tools=args.tool,
+        allow_tools=args.allow_tool,
         **limit_overrides(args),
     )
     admit(settings, req, lambda: volumes_for(settings))  # a mistake is refused before the runtime loads

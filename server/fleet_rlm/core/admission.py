@@ -14,6 +14,7 @@ from fleet_rlm.config import ConfigError, Settings, role_model
 from fleet_rlm.core.context import ContextError, check_host_paths
 from fleet_rlm.core.inputs.fetch import FetchRefused, check_policy
 from fleet_rlm.core.inputs.repo import GIT_MISSING, git_available
+from fleet_rlm.core.tools import check_tools_request
 from fleet_rlm.errors import FleetError, Unavailable, UserError
 from fleet_rlm.sandbox.base import SandboxError, get_backend
 from fleet_rlm.types import RunRequest
@@ -59,6 +60,7 @@ def admit(settings: Settings, req: RunRequest, volumes: Callable[[], Volumes]) -
             raise FetchRefused(f"cannot fetch {url}: {exc.message}") from None
     if req.repo_url and git_available() is None:
         raise Unavailable(GIT_MISSING)
+    check_tools_request(settings, req)  # unknown MCP servers, tools that do not import, stray allowances
 
 
 def _empty_folder(path: Path, spec: str) -> bool:

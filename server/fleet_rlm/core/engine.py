@@ -28,6 +28,7 @@ from fleet_rlm.core.rerun import Rerun, plan_fork, plan_replay, record_inputs
 from fleet_rlm.core.run import RunContext, limits_for, load_inputs, open_sandbox, sandbox_spec
 from fleet_rlm.core.tape import Tape
 from fleet_rlm.core.telemetry import Telemetry, start_telemetry
+from fleet_rlm.core.tools import open_tools
 from fleet_rlm.core.workspace import Workspace
 from fleet_rlm.errors import Conflict, FleetError, StoreError, StoreFull
 from fleet_rlm.sandbox.base import Sandbox, create_sandbox
@@ -410,6 +411,7 @@ class Engine:
         scratch = self.settings.work_root / run_id  # host-only: no sandbox sees or writes it
         session: Session | None = None
         holds_lock = False
+        tools = contextlib.AsyncExitStack()  # the run's MCP client sessions (core.tools), closed at its end
         try:
             if stopped:
                 raise asyncio.CancelledError
@@ -432,6 +434,7 @@ class Engine:
             tape = rerun.tape(keep, emit) if rerun else Tape(keep, emit)
             volumes = self._rerun_volumes(rerun, emit) if rerun else self.mounted_volumes(req.volume)
             ctx = self._run_context(run_id, emit, limits, scratch, volumes, program, tape)
+            ctx.tools = await tools.enter_async_context(open_tools(self.settings, req, tape))
             # Pages and a repository come in before the sandbox starts: a fetch that fails costs none.
             named = await fetch_sources(req, self.settings, scratch / "fetched", emit)
             spec = ctx.sandbox_spec("root")
@@ -505,6 +508,8 @@ class Engine:
                     session.lock.release()
             # Recorded first: a cancel landing during the clean-up must not leave the run "running".
             await self._finish(run_id, ctx, status, answer, stop_reason, error, started)
+            with contextlib.suppress(Exception):  # a server that broke meanwhile changes nothing recorded
+                await tools.aclose()
             await asyncio.to_thread(shutil.rmtree, scratch, ignore_errors=True)
 
     def models(self) -> tuple[Any, Any]:

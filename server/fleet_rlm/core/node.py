@@ -26,6 +26,7 @@ from fleet_rlm.core.context import StagedContext, preview
 from fleet_rlm.core.lm import CallUsage, NoVision, explain_lm_error, metered
 from fleet_rlm.core.program import extract_code
 from fleet_rlm.core.replies import noting_reply_forms
+from fleet_rlm.core.tools import reraise
 from fleet_rlm.redaction import redact_text
 from fleet_rlm.sandbox.base import Sandbox, cap_middle
 from fleet_rlm.volumes import Volumes
@@ -133,10 +134,14 @@ class NodeRuntime:
             "rlm_query": self.rlm_query,
             "rlm_query_batched": self.rlm_query_batched,
         }
-        return {name: self._kept(name, fn) for name, fn in functions.items()}
+        kept = {name: self._kept(name, fn) for name, fn in functions.items()}
+        box = getattr(self.run, "tools", None)  # MCP servers' tools and Python functions (core.tools)
+        tools = box.functions(self.emit) if box is not None else {}
+        return kept | {name: self._kept(name, fn, answered=True) for name, fn in tools.items()}
 
-    def _kept(self, name: str, fn: Any) -> Any:
-        """``fn`` with its result (or error, as the code sees it) kept in the run's record."""
+    def _kept(self, name: str, fn: Any, *, answered: bool = False) -> Any:
+        """``fn`` with its result (or error, as the code sees it) kept in the run's record; ``answered``
+        (a tool's): a replay, or a fork before its step, answers it from the record without calling it."""
         record = self.run.tape
         if record is None:
             return fn
@@ -144,6 +149,13 @@ class NodeRuntime:
         async def call(*args: Any, **kwargs: Any) -> Any:
             slot = f"{self.step_path(self.step)}/call{self._calls}"
             self._calls += 1
+            recorded = record.host_answer(slot, name) if answered else None
+            if recorded is not None:
+                record.keep_host(slot, name, [args, kwargs], recorded)
+                fn.replayed(recorded, args, kwargs)
+                if "error" in recorded:
+                    raise reraise(str(recorded["error"]))
+                return recorded.get("value")
             try:
                 value = await fn(*args, **kwargs)
             except Exception as exc:
@@ -327,6 +339,9 @@ class NodeRuntime:
         if self.sandbox.volume_paths:
             mounts = ", ".join(f"{n} at {p}" for n, p in self.sandbox.volume_paths.items())
             lines.append(f"volumes (persistent folders: memory/ artifacts/ buffers/ meta/): {mounts}")
+        box = getattr(self.run, "tools", None)
+        if box is not None and box.specs:
+            lines.append(box.describe())
         lines.append(self.status_line(1))
         return "\n".join(lines)
 

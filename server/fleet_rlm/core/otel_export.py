@@ -192,6 +192,7 @@ class SpanExport:
             "lm.call": self._lm_call,
             "code.executed": self._code_executed,
             "subcall.finished": self._subcall,
+            "tool.called": self._tool_called,
             "child.started": self._child_started,
             "child.finished": self._child_finished,
             "run.finished": self._run_finished,
@@ -310,6 +311,29 @@ class SpanExport:
                 SpanAttributes.INPUT_VALUE: prompt,
                 SpanAttributes.OUTPUT_VALUE: response,
                 "fleet.prompt_chars": data.get("prompt_chars"),
+                "fleet.error": error,
+            },
+        )
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error[:TEXT_CAP]))
+        span.end(_ns(ts))
+
+    def _tool_called(self, run: _Run, event: Event) -> None:
+        """A tool call from the REPL (an MCP server's tool, a Python function), nested in its step's code span."""
+        data, ts = event["data"], event["ts"]
+        error = data.get("error")
+        span = self._start(
+            f"tool {data.get('server')}.{data.get('tool')}",
+            _TOOL,
+            self._parent_of(run, event["node"]),
+            ts - (data.get("seconds") or 0.0),
+            run.run_id,
+            **{
+                SpanAttributes.TOOL_NAME: f"{data.get('server')}.{data.get('tool')}",
+                "fleet.tool.server": data.get("server"),
+                "fleet.tool.arg_chars": data.get("arg_chars"),
+                "fleet.tool.result_chars": data.get("result_chars"),
+                "fleet.replayed": data.get("replayed"),
                 "fleet.error": error,
             },
         )

@@ -48,6 +48,8 @@ class RLMAction(dspy.Signature):
       contexts=None) -> list[str]` runs several children concurrently.
     - `volumes` (dict): name -> folder of each mounted volume, with durable `memory/`, `artifacts/`,
       `buffers/` and `meta/` subfolders; files written there outlive the run.
+    - tools, when the opening observation lists some: plain functions (`server.tool(arg=...)`,
+      `name(...)`) run on the host, returning Python values; a failed or refused call raises.
     - `SUBMIT(answer)`: end with the final answer. Only call it after you have seen the evidence.
 
     Work in small steps: look at the data's shape first (lengths, a few lines), locate with string

@@ -136,6 +136,9 @@ def _recorded(store: Store, run_id: str) -> tuple[RunRecord, list[Record]]:
     return source, records
 
 
+TOOL_FIELDS = ("mcp_servers", "tools", "allow_tools")
+
+
 def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunRequest:
     """The source's request, with its texts from the record and the limits it ran with (not today's
     settings: a different step limit changes every status line the model saw)."""
@@ -143,6 +146,8 @@ def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunReques
     ran = next((e["data"].get("limits") or {} for e in store.runs.events(rerun.source.id, limit=1)), {})
     limits = {k: ran.get(k, asked.get(k)) for k in LIMITS} | {k: v for k, v in overrides.items() if v is not None}
     inputs = rerun.inputs
+    # A fork's later steps call the tools live; a replay's record answers every call (core.tools).
+    tools: dict[str, list[str]] = {k: list(asked.get(k) or []) for k in TOOL_FIELDS} if rerun.kind == "fork" else {}
     return RunRequest(
         question=rerun.source.question,
         context_paths=list(asked.get("context_paths") or []),
@@ -152,6 +157,9 @@ def _request(store: Store, rerun: Rerun, overrides: dict[str, Any]) -> RunReques
         context_urls=list(asked.get("context_urls") or []),  # fetched again: a changed page is noted
         repo_url=asked.get("repo_url"),
         repo_ref=asked.get("repo_ref"),
+        mcp_servers=tools.get("mcp_servers", []),
+        tools=tools.get("tools", []),
+        allow_tools=tools.get("allow_tools", []),
         **{k: v for k, v in limits.items() if v is not None},
     )
 

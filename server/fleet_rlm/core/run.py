@@ -53,6 +53,7 @@ class RunContext:
         self.usage = Usage()
         self.replayed = Usage()  # calls answered from a record (replay, a fork's first steps): no model called
         self.tape = tape  # keeps what every call returned; in a replay or fork, answers from the source run's
+        self.tools: Any = None  # core.tools.ToolBox: the tools the run's REPLs call (set by the engine)
         self.reply_forms: Counter[str] = Counter()  # how the root model's replies were written (core.replies)
         self.emit = emit  # (kind, data, *, node, parent, depth): every node's events go here
         self.root_lm = root_lm

@@ -35,6 +35,7 @@ from fleet_rlm.errors import FleetError
 
 Mode = Literal["keep", "replay", "fork"]
 INPUTS_SLOT = "root#0/inputs"
+TOOLS_SLOT = "root#0/tools"  # the tools a run's REPL had (core.tools): a replay shows the model the same
 MODEL_CALLS = ("act", "extract", "compact")  # and "sub<i>": the kinds of slot a model call is kept at
 # The wall-clock figure of a step's status line ("| 1795 s left]") differs between any two runs; it
 # is left out of the hash so a replay's requests match the recorded ones (core/node.py status_line).
@@ -166,6 +167,31 @@ class Tape:
     def source_inputs(self) -> dict[str, Any] | None:
         found = self._by_slot.get(INPUTS_SLOT)
         return found.body if found else None
+
+    def source_body(self, slot: str) -> dict[str, Any] | None:
+        """What the source run kept at ``slot`` (its tool catalog, ``TOOLS_SLOT``), or None."""
+        found = self._by_slot.get(slot)
+        return found.body if found else None
+
+    def host_answer(self, slot: str, name: str) -> dict[str, Any] | None:
+        """The recorded result of the host call at ``slot`` (a tool's: ``{"value"}`` or ``{"error"}``), or
+        None: make the call live. A replay answers every call from the record (``Unrecorded`` for one the
+        recorded run did not make); a fork, the calls before its step."""
+        if self.mode == "keep":
+            return None
+        if self.mode == "fork":
+            assert self.fork is not None
+            if relation(slot, self.fork) != "before":
+                return None
+        found = self._by_slot.get(slot)
+        if found is not None and self._take(found) is not None:
+            body: dict[str, Any] = found.body
+            return body
+        if self.mode == "fork":
+            self.diverge(slot, "missing", f"the recorded run made no such call: {name}() was called live")
+            return None
+        self.diverge(slot, "missing", f"the recorded run made no such call: {name}() has no result to answer it")
+        raise Unrecorded(f"replay: no recorded result for {name}() at {describe(slot)}; the recorded run made none")
 
     def instruction(self, step_path: str) -> str | None:
         """The fork's extra instruction, for the forked step only."""

@@ -22,7 +22,7 @@ def _step(holder: dict[str, Any], number: int) -> dict[str, Any]:
             found: dict[str, Any] = step
             return found
     step = {"step": number, "reasoning": None, "code": None, "output": None, "error": None,
-            "duration": None, "lm": None, "subcalls": [], "children": [], "submitted": False,
+            "duration": None, "lm": None, "subcalls": [], "tools": [], "children": [], "submitted": False,
             "ts": None, "ts_end": None}  # when the model was asked, when the code finished (timelines)
     holder["steps"].append(step)
     return step
@@ -62,6 +62,8 @@ def build_trace(events: Sequence[Event]) -> dict[str, Any]:
             step["ts_end"] = ev["ts"]
         elif kind == "subcall.finished":
             _step(node, current.get(name, 0))["subcalls"].append({"seq": ev["seq"], "ts": ev["ts"], **data})
+        elif kind == "tool.called":  # an MCP tool or a Python function the step's code called (core.tools)
+            _step(node, current.get(name, 0))["tools"].append({"seq": ev["seq"], "ts": ev["ts"], **data})
         elif kind == "child.started":
             node.update(query_preview=data.get("query_preview"), started=ev["ts"])
             parent = ev.get("parent")
@@ -90,5 +92,7 @@ def summarize_step(step: dict[str, Any]) -> dict[str, Any]:
         "submitted": step["submitted"],
         "subcalls": len(subcalls),
         "subcall_errors": sum(1 for s in subcalls if s.get("error")),
+        "tool_calls": len(step.get("tools") or []),
+        "tool_errors": sum(1 for t in step.get("tools") or [] if t.get("error")),
         "children": step["children"],
     }

@@ -330,6 +330,8 @@ class StepSummary(View):
     submitted: bool
     subcalls: int
     subcall_errors: int
+    tool_calls: int = 0
+    tool_errors: int = 0
     children: list[str]
 
 
@@ -360,6 +362,9 @@ class StepDetail(View):
     subcalls_total: int
     subcalls_offset: int
     subcalls: list[SubcallView]
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="The step's tool calls (tool.called): server, tool, sizes, seconds, error."
+    )
 
 
 class TraceView(View):
@@ -462,6 +467,7 @@ def step_detail(step: dict[str, Any], offset: int, limit: int) -> StepDetail:
         subcalls_total=len(subcalls),
         subcalls_offset=offset,
         subcalls=[SubcallView(index=offset + i, **{k: s.get(k) for k in keys}) for i, s in enumerate(page)],
+        tools=list(step.get("tools") or []),
     )
 
 

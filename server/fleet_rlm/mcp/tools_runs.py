@@ -88,6 +88,24 @@ VolumeName = Annotated[
         ),
     ),
 ]
+McpServers = Annotated[
+    list[str],
+    Field(
+        description=(
+            "Configured MCP servers (FLEET_MCP_SERVERS) whose tools the REPL gets as plain functions "
+            "(server.tool(...)), called from the host. Default: none."
+        ),
+    ),
+]
+AllowTools = Annotated[
+    list[str],
+    Field(
+        description=(
+            "Tools ('server.tool', or 'server.*') the REPL may call although their server does not mark them "
+            "read-only; others are refused. Default: none."
+        ),
+    ),
+]
 # The schema advertises each limit's declared bounds; RunRequest checks them, with the message every face gives.
 MaxIters = Annotated[int | None, MAX_ITERS]
 MaxDepth = Annotated[int | None, MAX_DEPTH]
@@ -142,6 +160,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         repo_ref: RepoRef = None,
         session_id: SessionId = None,
         volume: VolumeName = None,
+        mcp_servers: McpServers = [],  # noqa: B006 - pydantic copies defaults
+        allow_tools: AllowTools = [],  # noqa: B006 - pydantic copies defaults
         max_iters: MaxIters = None,
         max_depth: MaxDepth = None,
         max_llm_calls: MaxCalls = None,
@@ -159,6 +179,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
+            mcp_servers=mcp_servers,
+            allow_tools=allow_tools,
             max_iters=max_iters,
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,
@@ -194,6 +216,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
         repo_ref: RepoRef = None,
         session_id: SessionId = None,
         volume: VolumeName = None,
+        mcp_servers: McpServers = [],  # noqa: B006 - pydantic copies defaults
+        allow_tools: AllowTools = [],  # noqa: B006 - pydantic copies defaults
         max_iters: MaxIters = None,
         max_depth: MaxDepth = None,
         max_llm_calls: MaxCalls = None,
@@ -211,6 +235,8 @@ def register(server: MCPServer[Any], provider: EngineProvider) -> None:
             repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
+            mcp_servers=mcp_servers,
+            allow_tools=allow_tools,
             max_iters=max_iters,
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,
@@ -394,6 +420,8 @@ def _request(
     max_seconds: float | None,
     max_cost: float | None,
     max_tokens: int | None = None,
+    mcp_servers: list[str] | None = None,
+    allow_tools: list[str] | None = None,
 ) -> RunRequest:
     with user_errors():  # RunRequest checks its own fields
         return RunRequest(
@@ -405,6 +433,8 @@ def _request(
             repo_ref=repo_ref,
             session_id=session_id,
             volume=volume,
+            mcp_servers=list(mcp_servers or []),
+            allow_tools=list(allow_tools or []),
             max_iters=max_iters,
             max_depth=max_depth,
             max_llm_calls=max_llm_calls,

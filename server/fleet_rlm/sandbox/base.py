@@ -70,7 +70,10 @@ async def answer_host_call(
         json.dumps(value, default=str)
         return {"ok": True, "value": value}
     except Exception as exc:
-        return {"ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
+        reply = {"ok": False, "error": redact_text(f"{type(exc).__name__}: {exc}")}
+        if isinstance(exc, (PermissionError, TimeoutError)):  # the REPL raises these as themselves (worker.py)
+            reply["error_type"] = "PermissionError" if isinstance(exc, PermissionError) else "TimeoutError"
+        return reply
 
 
 class HostCallBudget:

@@ -44,6 +44,7 @@ from signal import ITIMER_REAL, SIGALRM, setitimer
 from signal import signal as set_handler
 from time import monotonic, sleep
 from traceback import format_exception_only
+from types import SimpleNamespace
 from typing import Any, NoReturn
 
 # ---- the worker's own names, out of the guest code's reach -------------------------------------
@@ -93,6 +94,9 @@ PLAIN_DATA_CHARS = 100_000  # trailing values up to this size (as JSON) also tra
 STREAM_INTERVAL = 0.2  # seconds between live output chunks
 REPL_FILENAME = "<repl>"
 RESERVED = frozenset({"SUBMIT", "__builtins__"})  # no host function or variable may take these
+# A host function's error the REPL raises as its own type ("error_type" of a call's result, base.py);
+# any other is a RuntimeError carrying the message.
+HOST_ERRORS: dict[Any, type[Exception]] = {"PermissionError": PermissionError, "TimeoutError": TimeoutError}
 BYTES_TAG = "__fleet_bytes__"  # keep in step with fleet_rlm.sandbox.base.BYTES_TAG
 WIRE_DEPTH = 8  # how deep in a call's lists and dicts bytes are looked for (images=[[png, ...], ...] is 3)
 
@@ -219,6 +223,9 @@ class Worker:
         self.guest_builtins = types.ModuleType("builtins")
         # Names the REPL provides (SUBMIT, the host functions): put back before every step.
         self.owned: dict[str, Any] = {}
+        # Host functions named "server.tool" (an MCP server's tools): each server is a namespace
+        # object, made afresh before every step so guest code cannot keep one it changed.
+        self.spaces: dict[str, dict[str, Any]] = {}
         self.output_fields: list[dict[str, Any]] | None = None
         self.requests: SimpleQueue[dict[str, Any] | None] = SimpleQueue()
         self.outgoing: SimpleQueue[bytes | None] = SimpleQueue()
@@ -314,15 +321,24 @@ class Worker:
         finally:
             self.calls.pop(call_id, None)
         if not reply.get("ok"):
-            raise RuntimeError(reply.get("error") or f"{name} failed")
+            error = reply.get("error") or f"{name} failed"
+            kind = HOST_ERRORS.get(reply.get("error_type"), RuntimeError)
+            if kind is not RuntimeError and error.startswith(f"{kind.__name__}: "):
+                error = error[len(kind.__name__) + 2 :]
+            raise kind(error)
         return reply.get("value")
 
     def define(self, name: str) -> None:
         def host_function(*args: Any, **kwargs: Any) -> Any:
             return self.host_call(name, _wire(args), _wire(kwargs))
 
-        host_function.__name__ = host_function.__qualname__ = name
-        self.owned[name] = self.namespace[name] = host_function
+        space, dot, attribute = name.partition(".")
+        host_function.__name__, host_function.__qualname__ = attribute or name, name
+        if not dot:
+            self.owned[name] = self.namespace[name] = host_function
+            return
+        self.spaces.setdefault(space, {})[attribute] = host_function
+        self.owned[space] = self.namespace[space] = SimpleNamespace(**self.spaces[space])
 
     # ---- the REPL's own names --------------------------------------------------------------------
     def reset_names(self) -> None:
@@ -335,6 +351,8 @@ class Worker:
         guest.update(PRISTINE_BUILTINS)
         guest["__import__"] = self._import
         self.namespace["__builtins__"] = self.guest_builtins
+        for space, functions in self.spaces.items():
+            self.owned[space] = SimpleNamespace(**functions)
         self.namespace.update(self.owned)
 
     def _variable(self, name: Any) -> str:
@@ -518,7 +536,9 @@ class Worker:
                 self.output_fields = msg.get("output_fields") or None
             elif op == "define_functions":
                 for name in msg.get("names", []):
-                    if not (isinstance(name, str) and name.isidentifier()) or name in RESERVED:
+                    parts = name.split(".") if isinstance(name, str) else []
+                    valid = 1 <= len(parts) <= 2 and all(part.isidentifier() for part in parts)
+                    if not valid or parts[0] in RESERVED:
                         raise ValueError(f"invalid function name {name!r}")
                     self.define(name)
             elif op == "set_var":

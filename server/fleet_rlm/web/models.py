@@ -52,6 +52,12 @@ class RunStart(Strict):
     repo_ref: str | None = Field(None, description="Its branch or tag; unset: the default branch.")
     session_id: str | None = Field(None, max_length=64, description="Continue in this session's REPL.")
     volume: str | None = Field(None, max_length=64, description="Mount only this volume (created if new).")
+    mcp_servers: list[str] = Field(
+        default_factory=list, description="Configured MCP servers whose tools the REPL gets (docs/tools.md)."
+    )
+    allow_tools: list[str] = Field(
+        default_factory=list, description="Tools ('server.tool' or 'server.*') allowed although not read-only."
+    )
     # The schema advertises each limit's declared bounds; RunRequest checks them (400 with the message every
     # face gives), not pydantic.
     max_iters: Annotated[int | None, MAX_ITERS] = None
