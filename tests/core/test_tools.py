@@ -99,10 +99,21 @@ async def test_a_run_calls_mcp_tools_from_its_repl_and_a_replay_answers_them_wit
         async with Engine() as engine:
             result = await engine.run(RunRequest("use the tools", mcp_servers=["stdio-lab", "http-lab"]))
             events = engine.events(result.run_id)
+            calls_before_fork = log.read_text()
+            # A fork at step 3 answers the tool calls of steps 1 and 2 from the record (its servers are
+            # connected, for the steps after the fork), and runs step 3 live.
+            fork_id = await engine.fork(result.run_id, "3", code="SUBMIT(f'{s} {n} forked')")
+            forked = await engine.wait(fork_id)
+            fork_events = engine.events(fork_id)
+            assert log.read_text().count("shout") == calls_before_fork.count("shout")  # no tool called again
+    assert forked.status == "succeeded", forked.error
+    assert forked.answer == "HI 5 forked"
+    assert all(e["data"].get("replayed") for e in fork_events if e["kind"] == "tool.called")
+    assert len([e for e in fork_events if e["kind"] == "tool.called"]) == 4
     assert result.status == "succeeded", result.error
     assert result.answer == "HI 5 blocked PermissionError True"
     # The servers were called for the read-only tools only, and only from the host.
-    calls = log.read_text().splitlines()
+    calls = calls_before_fork.splitlines()
     assert [c for c in calls if not c.startswith("request")] == ["shout hi", "add 2 3", "broken"]
     assert {c for c in calls if c.startswith("request")} == {"request 127.0.0.1"}  # the host's client
     assert accepted == []  # the sandbox's own connection attempts reached no port of the host

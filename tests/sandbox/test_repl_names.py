@@ -187,3 +187,35 @@ async def test_the_daytona_shim_survives_poisoning_too(daytona_box: Sandbox) -> 
         for poison in POISONS:
             await daytona_box.execute(poison)
             await assert_the_repl_works(daytona_box)
+
+
+async def refuse(path: str) -> str:
+    raise PermissionError(f"may not wipe {path}")
+
+
+@pytest.mark.parametrize(
+    "poison",
+    ["lab.shout = None; lab.wipe = 'oops'", "del lab", "lab = None", "import types; types.SimpleNamespace = None"],
+)
+async def test_a_tool_namespace_is_put_back_after_a_step_that_changed_it(make_sandbox, poison: str) -> None:
+    # Host functions named "server.tool" (core/tools.py) are a namespace object per server.
+    box = make_sandbox(exec_timeout=STEP_LIMIT, host_functions={"lab.shout": echo, "lab.wipe": refuse})
+    with anyio.fail_after(BOUND):
+        for _ in range(2):
+            await box.execute(poison)
+            called = await box.execute("lab.shout('q')")
+            assert (called.error, called.value) == (None, repr("echo:q")), called.error
+            refused = await box.execute(
+                "try:\n    lab.wipe('/x')\nexcept PermissionError as e:\n    r = f'{type(e).__name__}: {e}'\nr"
+            )
+            assert (refused.error, refused.value) == (None, repr("PermissionError: may not wipe /x")), refused.error
+    with pytest.raises(ValueError, match="REPL's own name"):
+        await box.set_var("lab", 1)
+
+
+@pytest.mark.parametrize("name", ["a.b.c", "1x.y", "SUBMIT.x", "x.", ".x"])
+async def test_a_dotted_host_function_name_must_be_two_identifiers(make_sandbox, name: str) -> None:
+    box = make_sandbox(exec_timeout=STEP_LIMIT)
+    await box.start()
+    with pytest.raises(Exception, match="invalid function name"):
+        await box.register_functions({name: echo})
