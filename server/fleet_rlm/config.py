@@ -775,12 +775,14 @@ def key_for_model(settings: Settings, name: str) -> KeyChoice:
     return KeyChoice(None)
 
 
-def models_shown(settings: Settings) -> dict[str, dict[str, Any]]:
-    """The named models as faces show them: a key only as whether it is set."""
-    return {
-        name: {"model": spec.model, "api_base": spec.api_base, "api_key": "set" if spec.api_key else None}
-        for name, spec in settings.models.items()
-    }
+def models_shown(settings: Settings, *, keys: bool = True) -> dict[str, dict[str, Any]]:
+    """The named models as faces show them: a key only as whether it is set, or (``keys=False``, for a
+    form that saves what it shows back to settings.json, which never holds a key) not at all."""
+    shown = {name: {"model": spec.model, "api_base": spec.api_base} for name, spec in settings.models.items()}
+    if keys:
+        for name, spec in settings.models.items():
+            shown[name]["api_key"] = "set" if spec.api_key else None
+    return shown
 
 
 def withheld_keys(settings: Settings) -> dict[str, str]:
@@ -1009,7 +1011,7 @@ def describe_settings() -> list[dict[str, Any]]:
         rows.append({
             "name": name,
             "env": env_name(name),
-            "value": models_shown(settings) if name == "models" else None if secret or value is None
+            "value": models_shown(settings, keys=False) if name == "models" else None if secret or value is None
             else (str(value) if isinstance(value, Path) else value),
             "source": source,
             "secret": secret,

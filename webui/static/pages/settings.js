@@ -72,7 +72,8 @@ function settingField(s, save) {
   if (s.secret) {
     input.placeholder = s.set ? "leave empty to keep the stored key" : "not set";
   } else {
-    input.value = s.value === null || s.value === undefined ? "" : String(s.value);
+    const shown = s.value !== null && typeof s.value === "object" ? JSON.stringify(s.value) : s.value;  // models: JSON
+    input.value = shown === null || shown === undefined ? "" : String(shown);
     if (input.tagName === "INPUT") input.placeholder = "default";
     input.dataset.initial = input.value;
   }
