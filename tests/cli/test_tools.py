@@ -62,6 +62,10 @@ def test_a_registered_python_function_is_called_from_the_repl_and_replayed_witho
     output = next(e["data"]["output"] for e in events if e["kind"] == "code.executed")
     assert output == f"3 int {socket.gethostname()}"  # the function ran on the host, not in the sandbox
 
+    shown = cli("trace", result["run_id"], env=env)  # the trace shows the step's tool calls
+    assert shown.returncode == 0 and "2 tool calls" in shown.stdout, shown.stdout + shown.stderr
+    assert "python.mytools:word_count → 1 chars" in shown.stdout
+
     (folder / "mytools.py").unlink()  # a replay imports nothing: the record answers
     replay = cli("replay", result["run_id"], "--json", env={k: v for k, v in env.items() if k != "PYTHONPATH"})
     assert replay.returncode == 0, replay.stdout + replay.stderr

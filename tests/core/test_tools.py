@@ -187,3 +187,24 @@ def test_a_request_names_only_configured_servers_and_importable_tools() -> None:
     with pytest.raises(UserError, match=r"the REPL's own name"):
         check_tools_request(settings, RunRequest("q", tools=["builtins:print"]))
     check_tools_request(settings, RunRequest("q", mcp_servers=["github"], tools=["textwrap:dedent"]))
+
+
+async def test_a_registered_function_call_is_a_tool_span_in_its_steps_code_span(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support import fake_sandbox
+    from tests.support.otlp_collector import attrs, collecting
+
+    fake_sandbox.register()
+    monkeypatch.setenv("FLEET_SANDBOX", "fake")
+    monkeypatch.setenv("FLEET_TOOLS", json.dumps(["textwrap:dedent"]))  # the settings list: every run gets it
+    oracle.add(Scenario("dedent it", ["d = dedent('  x')\nprint(d)", "SUBMIT(d)"]))
+    with collecting() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        async with Engine() as engine:
+            result = await engine.run(RunRequest("dedent it"))
+    assert result.status == "succeeded" and result.answer == "x", result.error
+    spans = {s.span_id: s for s in collector.spans}
+    (tool,) = [s for s in spans.values() if s.name == "tool python.textwrap:dedent"]
+    assert attrs(tool)["openinference.span.kind"] == "TOOL" and attrs(tool)["fleet.tool.result_chars"] == 3
+    assert spans[tool.parent_span_id].name == "code step 1"  # nested in its step's code, like a sub-call

@@ -38,6 +38,11 @@ def _display(settings: cfg.Settings, name: str) -> str:
         return cfg.mask(value.get_secret_value() if value is not None else None)
     if name == "models":
         return json.dumps(cfg.models_shown(settings)) if value else "(not set)"
+    if name == "mcp_servers":  # where each server is, never its headers' or environment's values
+        shown = {n: s.url if s.type == "http" else " ".join([str(s.command), *s.args]) for n, s in value.items()}
+        return json.dumps(shown) if shown else "(not set)"
+    if name == "tools":
+        return ", ".join(value) if value else "(not set)"
     return "(not set)" if value is None else str(value)
 
 

@@ -53,6 +53,15 @@ def _node_tree(tree: Tree, trace: dict[str, Any], name: str, full: bool) -> None
                         f" ({_named(call)}{call.get('latency') or 0:.2f}s)"
                     )
                 )
+        if step.get("tools"):
+            tools = branch.add(f"[green]{plural(len(step['tools']), 'tool call')}[/green]")
+            for call in step["tools"]:
+                outcome = call.get("error") or f"{call.get('result_chars') or 0:,} chars"
+                again = ", from the record" if call.get("replayed") else ""
+                tools.add(
+                    escape(f"{call.get('server')}.{call.get('tool')} → {_short(outcome, full, 80)}")
+                    + f" [dim]({call.get('seconds') or 0:.2f}s{again})[/dim]"
+                )
         for child in step["children"]:
             c = trace["nodes"][child]
             sub = branch.add(
