@@ -119,7 +119,7 @@ GOOD: dict[WalkKey, list[str]] = {
         RUN, "run hello --context {file} --text x --session walk --volume notes --sandbox local --trace-mode verbose"
     ),
     **_walks(RUN, "run hello --max-iters 3 --max-depth 0 --max-llm-calls 5 --max-seconds 60 --max-cost 1.5"),
-    **_walks(RUN, "run hello --context {dir} --include-hidden --json"),
+    **_walks(RUN, "run hello --context {dir} --include-hidden --json --max-tokens 90000"),
     **_walks(RUN, "run hello --repo {repo}@v1"),  # a smart-HTTP git server on 127.0.0.1, allowed for the walk
     **_walks(RUN, "run hello --mcp lab --allow-tool lab.wipe --tool textwrap:dedent"),  # lab: FLEET_MCP_SERVERS
     (("fleet-rlm", "runs"), "--limit"): ["runs", "--limit", "1"],
@@ -182,6 +182,7 @@ CHAT = {
     "--max-llm-calls": ["--max-llm-calls", "9"],
     "--max-seconds": ["--max-seconds", "30"],
     "--max-cost": ["--max-cost", "0.5"],
+    "--max-tokens": ["--max-tokens", "90000"],
     "--sandbox": ["--sandbox", "local"],
     "--agent": ["--agent"],
 }

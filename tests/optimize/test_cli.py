@@ -168,8 +168,8 @@ Key = tuple[str, ...]
 OPT = "fleet-rlm"
 ALL_OPTIMIZE_FLAGS = ["--dataset", "walk", "--optimizer", "bootstrap", "--metric", "exact", "--trials", "1",
                       "--max-calls", "1000", "--max-total-cost", "5", "--max-iters", "5", "--max-depth", "1",
-                      "--max-llm-calls", "50", "--max-seconds", "120", "--max-cost", "1", "--sandbox", "local",
-                      "--verbose", "--json"]  # fmt: skip
+                      "--max-llm-calls", "50", "--max-seconds", "120", "--max-cost", "1", "--max-tokens", "900000",
+                      "--sandbox", "local", "--verbose", "--json"]  # fmt: skip
 # In order: later steps use what earlier ones made ({opt}, {version}: the first optimization's).
 OPTIMIZE_WALK: dict[tuple[Key, str], list[str]] = {
     ((OPT, "dataset", "import"), "--seed"): ["dataset", "import", "{file}", "--name", "walk", "--seed", "3"],
