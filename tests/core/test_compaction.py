@@ -175,3 +175,16 @@ async def test_a_sub_call_larger_than_the_sub_models_window_raises_in_the_repl(
     assert "this prompt is ~2,000 tokens; the sub model's window is 1,000 tokens: split it" in outputs[0]
     assert "[ERROR] this prompt is ~2,000 tokens" in outputs[1] and "K7" in outputs[1]
     assert oracle.requests("sub") and all(len(r.messages[-1]["content"]) < 8000 for r in oracle.requests("sub"))
+
+
+async def test_history_grows_by_one_entry_a_step_and_survives_the_code_rebinding_it(
+    fleet_env: dict, oracle: OracleLM
+) -> None:
+    steps = ["x = 1", "history = 'mine now'", "SUBMIT(str([h['step'] for h in history]))"]
+    oracle.add(Scenario("rebind history", steps))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("rebind history", context_text=["x"]))
+        warnings = [e for e in engine.events(result.run_id) if e["kind"] == "warning"]
+    assert result.status == "succeeded", result.error
+    assert result.answer == "[1, 2]"  # bound whole again after step 2 rebound it, then appended to
+    assert warnings == []

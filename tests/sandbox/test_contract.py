@@ -122,6 +122,16 @@ async def test_inputs_as_data(make, tmp_path: Path) -> None:
     assert result.data == ["what é?", 5000, 3]
 
 
+async def test_a_list_grows_by_appends_and_a_rebound_name_is_refused(make) -> None:
+    box = make()
+    await box.set_var("history", [{"step": 1}])
+    await box.append_var("history", {"step": 2})
+    assert (await box.execute("[h['step'] for h in history]")).data == [1, 2]
+    await box.execute("history = 'mine now'")
+    with pytest.raises(ValueError, match="not a list"):
+        await box.append_var("history", {"step": 3})
+
+
 async def test_input_files_land_in_the_work_folder(make, tmp_path: Path) -> None:
     box = make()
     if isinstance(box, fake_sandbox.FakeSandbox):

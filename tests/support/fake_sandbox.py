@@ -128,6 +128,14 @@ class FakeSandbox:
         self._check()
         self._namespace[name] = data if isinstance(data, str) else Path(data).read_text(encoding="utf-8")
 
+    async def append_var(self, name: str, value: Any) -> None:
+        await self.start()
+        self._check()
+        current = self._namespace.get(name)
+        if not isinstance(current, list):
+            raise ValueError(f"{name!r} is not a list any more")
+        current.append(json.loads(json.dumps(value)))
+
     async def put_file(self, path: str, data: Path) -> None:
         await self.start()
         self._check()

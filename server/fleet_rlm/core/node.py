@@ -424,10 +424,18 @@ class NodeRuntime:
         return Outcome(shown, final)
 
     async def _remember(self, step: int, code: str, output: str) -> None:
-        """Add the step to ``history``, in the REPL too (as data, the whole list: the code may change its copy)."""
-        self.history.append({"step": step, "code": code, "output": output})
+        """Add the step to ``history``, in the REPL too (as data): appended, so a step sends only itself; the
+        whole list again where the code rebound or replaced its copy."""
+        entry = {"step": step, "code": code, "output": output}
+        self.history.append(entry)
         try:
-            await self.sandbox.set_var("history", self.history)
+            if len(self.history) == 1:
+                await self.sandbox.set_var("history", self.history)
+            else:
+                try:
+                    await self.sandbox.append_var("history", entry)
+                except ValueError:  # the code rebound `history`: bind it whole again
+                    await self.sandbox.set_var("history", self.history)
         except Exception as exc:  # a sandbox gone bad says so at its next step
             self.warn(f"step {step}: `history` could not be updated in the REPL: {exc}")
 

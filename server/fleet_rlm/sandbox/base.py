@@ -174,6 +174,9 @@ class Sandbox(Protocol):
     async def put_text(self, name: str, data: str | Path) -> None:
         """Bind text as a global; a Path is a host-owned file the backend streams in."""
 
+    async def append_var(self, name: str, value: Any) -> None:
+        """Append a small JSON value to the list bound to ``name`` (ValueError if it is not a list)."""
+
     async def put_file(self, path: str, data: Path) -> None:
         """Write a host-owned file into the work folder at ``path`` (relative), for the code to open."""
 

@@ -203,6 +203,12 @@ class DaytonaSandbox:
         self._inputs[name] = ("text", data)
         await self._request({"op": "put_text", "name": name}, upload=data)
 
+    async def append_var(self, name: str, value: Any) -> None:
+        await self.start()
+        _, current = self._inputs.get(name, ("var", []))
+        self._inputs[name] = ("var", [*(current if isinstance(current, list) else []), value])  # re-bound whole
+        await self._request({"op": "append_var", "name": name, "value": value})
+
     async def put_file(self, path: str, data: Path) -> None:
         """Write a host-owned file into the work folder: uploaded, then moved into place by the shim."""
         await self.start()

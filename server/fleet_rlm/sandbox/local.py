@@ -839,6 +839,11 @@ class LocalSandbox:
         await self.start()
         await self._request({"op": "put_text", "name": name}, blob=blob)
 
+    async def append_var(self, name: str, value: Any) -> None:
+        """Append to a list global: one step's entry, not the whole list again."""
+        await self.start()
+        await self._request({"op": "append_var", "name": name, "value": value})
+
     async def put_file(self, path: str, data: Path) -> None:
         """Write a host-owned file into the work folder, through the pipe (the worker writes it)."""
         await self.start()

@@ -11,6 +11,7 @@ Host -> worker (every request carries ``id``; only ``execute`` replies ``done``)
   configure {output_fields}, define_functions {names}, set_var {name, value},
   put_text {name, blob}                   -> {"op":"ok","id"} or {"op":"error","id","error"}
   put_file {path, blob}                   -> the same; ``path`` is relative to the work folder
+  append_var {name, value}                -> the same; appends to the list bound to ``name``
   result {id, ok, value | error}          -> answer to a host call (no reply)
   shutdown                                -> worker exits (EOF on stdin as well)
 Worker -> host: ready {pid} once at start; call {id, name, args, kwargs} for host functions. Bytes
@@ -552,6 +553,11 @@ class Worker:
                 del blob
             elif op == "put_file":
                 self.put_file(msg.get("path"), msg.pop("blob", None))
+            elif op == "append_var":
+                current = self.namespace.get(self._variable(msg.get("name")))
+                if not isinstance(current, list):  # the code rebound it: the host binds the whole list again
+                    raise ValueError(f"{msg.get('name')!r} is not a list any more")
+                current.append(msg.get("value"))
             else:
                 raise ValueError(f"unknown op {op!r}")
         except MemoryError:
