@@ -337,6 +337,21 @@ def documents(b: Bench) -> Result:
     return Result(["conversion of a 500-page PDF", "wall time", "pages/s"], rows, data, ratios)
 
 
+def tool_calls(b: Bench) -> Result:
+    """An MCP tool called from the REPL against the same call from a client on the host (bench/tool_overhead.py)."""
+    from bench.tool_overhead import measure
+
+    calls = 100 if b.quick else 300
+    (b.work / "tools").mkdir(exist_ok=True)
+    got = asyncio.run(measure(calls, b.work / "tools"))
+    rows = [
+        ["direct: mcp.Client.call_tool on the host", f"{got['direct_ms']:.2f} ms"],
+        [f"from the REPL ({got['isolation']} sandbox, through the host-call bridge)", f"{got['from_repl_ms']:.2f} ms"],
+    ]
+    ratios = {"tools.repl_over_direct": _ratio(got["from_repl_ms"], got["direct_ms"])}
+    return Result(["one tool call (median of {calls})".format(calls=calls), "time"], rows, got, ratios)
+
+
 def tasks(b: Bench) -> Result:
     """Accuracy, tokens and wall time per task, at 20 ms ± 10 ms model latency."""
     if b.quick:
@@ -566,6 +581,7 @@ FIGURES: list[Figure] = [
     Figure("memory", "Peak memory at 100 MB", peak_memory, quick=False),
     Figure("prompt", "Root prompt size after 50 steps", prompt_growth),
     Figure("documents", "Document conversion: a 500-page PDF, then the cache", documents),
+    Figure("tools", "An MCP tool call from the REPL against a direct client call", tool_calls, quick=False),
     Figure("tasks", "Accuracy and token cost per task", tasks),
 ]
 
