@@ -349,7 +349,7 @@ def tool_calls(b: Bench) -> Result:
         [f"from the REPL ({got['isolation']} sandbox, through the host-call bridge)", f"{got['from_repl_ms']:.2f} ms"],
     ]
     ratios = {"tools.repl_over_direct": _ratio(got["from_repl_ms"], got["direct_ms"])}
-    return Result(["one tool call (median of {calls})".format(calls=calls), "time"], rows, got, ratios)
+    return Result([f"one tool call (median of {calls})", "time"], rows, got, ratios)
 
 
 def tasks(b: Bench) -> Result:
