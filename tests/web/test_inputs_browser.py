@@ -7,8 +7,10 @@ light and dark themes. The pages and the repository come from a web and git serv
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import documents as make
+from tests.support import tools_mcp_server
 from tests.support.oracle_lm import OracleLM, Scenario, oracle_env
 from tests.support.web_site import Site, make_repo
 from tests.web.conftest import WebServer, fleet_web
@@ -43,7 +46,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def inputs_oracle() -> Iterator[OracleLM]:
-    with OracleLM(Scenario("INPUTS-WEB", [NAMES]), Scenario("FETCH-WEB", [FETCHED])) as lm:
+    tool = Scenario("TOOLS-WEB", ["SUBMIT(lab.shout(text='tick'))"])
+    with OracleLM(Scenario("INPUTS-WEB", [NAMES]), Scenario("FETCH-WEB", [FETCHED]), tool) as lm:
         yield lm
 
 
@@ -51,7 +55,9 @@ def inputs_oracle() -> Iterator[OracleLM]:
 def server(tmp_path_factory: pytest.TempPathFactory, inputs_oracle: OracleLM, site: Site) -> Iterator[WebServer]:
     _require_chromium()
     root = tmp_path_factory.mktemp("inputs-web")
+    lab = {"command": sys.executable, "args": [tools_mcp_server.__file__, "stdio", str(root / "tool-calls.log")]}
     env = oracle_env(root, inputs_oracle.base_url) | {"FLEET_FETCH_ALLOWED_HOSTS": "127.0.0.1"}
+    env["FLEET_MCP_SERVERS"] = json.dumps({"lab": lab})
     with fleet_web(root, env) as srv:
         yield srv
 
@@ -182,3 +188,16 @@ def test_a_ref_without_a_repository_is_refused_before_any_run(ui: UI) -> None:
     expect(page.locator(".form-status")).to_contain_text("A branch or tag needs its repository")
     expect(page.get_by_label("Repository", exact=True)).to_be_focused()
     expect(page.locator("article.turn")).to_have_count(0)
+
+
+def test_workbench_mounts_the_mcp_servers_ticked(ui: UI) -> None:
+    page = ui.page
+    ui.login()
+    box = page.get_by_role("checkbox", name=re.compile(r"^lab\b"))
+    expect(box).not_to_be_checked()
+    box.check()
+    page.get_by_label("Pasted text", exact=True).fill("x")
+    page.get_by_label("Question", exact=True).fill("TOOLS-WEB: shout through the tool")
+    ui.shot("workbench-mcp-servers")
+    page.get_by_role("button", name="Run", exact=True).click()
+    expect(page.locator("article.turn").first.locator(".answer")).to_contain_text("TICK", timeout=90_000)

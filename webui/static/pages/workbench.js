@@ -193,6 +193,23 @@ function renderRunMode(main) {
   });
   const limitInputs = Object.fromEntries(LIMITS.map(([name, , step]) =>
     [name, h("input", { type: "number", min: "0", step, inputmode: "decimal", placeholder: "default", name })]));
+  // The MCP servers configured in Settings, one checkbox each: a run mounts only those ticked.
+  const serverBoxes = h("div", { class: "server-boxes" });
+  const servers = h("fieldset", { class: "mcp-servers", hidden: true },
+    h("legend", {}, "Tools from MCP servers"), serverBoxes,
+    h("p", { class: "muted small" }, "Their tools become functions in the REPL (server.tool(...)); tools not marked "
+      + "read-only are refused unless allowed. Servers are configured in Settings (mcp_servers)."));
+  api("/api/settings").then(({ settings }) => {
+    const row = settings.find((s) => s.name === "mcp_servers");
+    const names = Object.keys((row && row.value) || {}).sort();
+    replace(serverBoxes, names.map((name) => {
+      const spec = row.value[name] || {};
+      const where = spec.url || [spec.command, ...(spec.args || [])].filter(Boolean).join(" ");
+      return h("label", {}, h("input", { type: "checkbox", name: "mcp_server", value: name }),
+        ` ${name} `, h("span", { class: "muted small" }, where));
+    }));
+    servers.hidden = names.length === 0;
+  }).catch(() => {});  // no servers shown: a run then mounts none, which is the default anyway
   const run = h("button", { type: "submit", id: "run-button" }, "Run");
   const formStatus = h("div", { class: "form-status", "aria-live": "polite" });
   const sessionLine = h("p", { class: "muted small session-line" });
@@ -225,6 +242,7 @@ function renderRunMode(main) {
       h("div", { class: "repo-fields" }, field("Repository", repoUrl, "A git URL, cloned shallowly.").row,
         field("Branch or tag", repoRef).row),
       volumePicker(addPath), pathChips),
+    servers,
     h("details", { class: "limits" }, h("summary", {}, "Limits"),
       h("div", { class: "grid-limits" }, LIMITS.map(([name, label]) => field(label, limitInputs[name]).row)),
       h("p", { class: "muted small" }, "Empty: the defaults from Settings.")),
@@ -264,6 +282,8 @@ function renderRunMode(main) {
         context_urls: pages.value.split("\n").map((u) => u.trim()).filter(Boolean) };
       // The server checks the URLs and the ref (a 400 with its message); a ref alone is caught here already.
       if (repoUrl.value.trim()) body.repo_url = repoUrl.value.trim();
+      const ticked = [...serverBoxes.querySelectorAll("input:checked")].map((box) => box.value);
+      if (ticked.length) body.mcp_servers = ticked;
       if (repoRef.value.trim()) body.repo_ref = repoRef.value.trim();
       for (const [name, input] of Object.entries(limitInputs)) {
         if (input.value !== "") body[name] = Number(input.value);
