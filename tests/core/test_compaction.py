@@ -6,6 +6,7 @@ model server (tests/support/oracle_lm.py) and the Engine, as a face calls it."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from pydantic import TypeAdapter
@@ -188,3 +189,22 @@ async def test_history_grows_by_one_entry_a_step_and_survives_the_code_rebinding
     assert result.status == "succeeded", result.error
     assert result.answer == "[1, 2]"  # bound whole again after step 2 rebound it, then appended to
     assert warnings == []
+
+
+async def test_a_named_models_own_window_caps_what_is_sent_to_it(
+    fleet_env: dict, oracle: OracleLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = {"model": "openai/gpt-4", "api_base": oracle.base_url}  # LiteLLM's map: an 8,192-token window
+    monkeypatch.setenv("FLEET_MODELS", json.dumps({"small": small}))
+    steps = [
+        "try:\n    llm_query('x' * 40000, model='small')\nexcept Exception as e:\n    print(e)",
+        "print(len(llm_query('x' * 40000)))",  # the run's sub model has no known window: sent
+        "SUBMIT('done')",
+    ]
+    oracle.add(Scenario("window per model", steps))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest("window per model", context_text=["nothing"]))
+        outputs = [e["data"]["output"] for e in engine.events(result.run_id) if e["kind"] == "code.executed"]
+    assert result.status == "succeeded", result.error
+    assert "this prompt is ~10,000 tokens; openai/gpt-4's window is 8,192 tokens: split it" in outputs[0]
+    assert [len(r.messages[-1]["content"]) >= 40000 for r in oracle.requests("sub")] == [True]

@@ -171,7 +171,7 @@ class NodeRuntime:
         the sub model or the named model ``model`` (settings.models); a refused prompt, image list or model
         name raises ValueError/TypeError, a failed call RuntimeError."""
         lm = self._sub_lm(model)
-        refusal = self._prompt_refusal(prompt)
+        refusal = self._prompt_refusal(prompt, lm)
         if refusal:
             raise ValueError(refusal)
         refs = images_of.resolve(images, self.staged)
@@ -230,7 +230,14 @@ class NodeRuntime:
         """The LM a sub-call asks: the run's sub model, or the named one (unknown: ValueError with the names)."""
         return self.run.sub_lm if model is None else self.run.named_lm(model)
 
-    def _prompt_refusal(self, prompt: Any) -> str | None:
+    def _window_of(self, lm: Any) -> int | None:
+        """The input window of the model that answers a sub-call: the sub model's (its setting, else
+        LiteLLM's figure), or a named model's own."""
+        if lm is None or lm is self.run.sub_lm:
+            return self.sub_window
+        return compaction.context_window(getattr(lm, "model", None))
+
+    def _prompt_refusal(self, prompt: Any, lm: Any = None) -> str | None:
         """Why a prompt is never sent to the sub-model, or None. The host checks it: the sandbox's
         code could forge the call past any check made inside."""
         if not isinstance(prompt, str) or not prompt.strip():
@@ -242,10 +249,11 @@ class NodeRuntime:
                 "(FLEET_SUBCALL_MAX_CHARS); split it into pieces (llm_query_batched over chunks) and combine "
                 "the answers"
             )
-        tokens = compaction.estimate_tokens(len(prompt))
-        if self.sub_window is not None and tokens > self.sub_window:
+        tokens, window = compaction.estimate_tokens(len(prompt)), self._window_of(lm)
+        if window is not None and tokens > window:
+            whose = "the sub model's" if lm is None or lm is self.run.sub_lm else f"{getattr(lm, 'model', 'its')}'s"
             return (
-                f"this prompt is ~{tokens:,} tokens; the sub model's window is {self.sub_window:,} tokens: split it "
+                f"this prompt is ~{tokens:,} tokens; {whose} window is {window:,} tokens: split it "
                 "(llm_query_batched over chunks) and combine the answers"
             )
         return None
@@ -261,7 +269,7 @@ class NodeRuntime:
         """One sub-call; ``images`` are sent as image parts (a str: why this slot's images were refused)."""
         slot = f"{self.step_path(self.step)}/sub{self._subs}"  # numbered before any wait: in the order asked
         self._subs += 1
-        refusal = self._prompt_refusal(prompt) or (images if isinstance(images, str) else None)
+        refusal = self._prompt_refusal(prompt, lm) or (images if isinstance(images, str) else None)
         if refusal:
             return f"[ERROR] {refusal}"
         images = images if isinstance(images, list) else []
