@@ -114,9 +114,8 @@ class NodeRuntime:
         # tokens beyond its transcript, from the provider's count of the last step.
         self.history: list[dict[str, Any]] = []
         settings = run.settings
-        self.window: int | None = settings.lm_context_window or compaction.context_window(
-            getattr(run.root_lm, "model", None)
-        )
+        own = compaction.context_window(getattr(self.root_lm, "model", None))  # a named model's, or the root's
+        self.window: int | None = (settings.lm_context_window or own) if self.root_lm is run.root_lm else own
         self.sub_window: int | None = settings.sub_lm_context_window or compaction.context_window(
             getattr(run.sub_lm, "model", None)
         )
@@ -469,9 +468,10 @@ class NodeRuntime:
         self.budget.reserve(1)
         try:
             with tape.at(run.tape, f"{self.step_path(step)}/compact"):
-                answer, usage = await metered(lambda: run.root_lm.acall(prompt=prompt), run.record_usage)
-        except Exception as exc:
-            self.warn(f"compacting the transcript failed: {explain_lm_error(exc, run.root_lm)}; it goes on uncompacted")
+                answer, usage = await metered(lambda: self.root_lm.acall(prompt=prompt), run.record_usage)
+        except Exception as exc:  # the node's own model summarises: a child on a named model too
+            why = explain_lm_error(exc, self.root_lm)
+            self.warn(f"compacting the transcript failed: {why}; it goes on uncompacted")
             return None
         text = cap_middle(str(answer[0]).strip() if answer else "", compaction.summary_chars(self.window))
         if not text:
