@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 from pydantic import TypeAdapter
 
@@ -208,3 +209,23 @@ async def test_a_registered_function_call_is_a_tool_span_in_its_steps_code_span(
     (tool,) = [s for s in spans.values() if s.name == "tool python.textwrap:dedent"]
     assert attrs(tool)["openinference.span.kind"] == "TOOL" and attrs(tool)["fleet.tool.result_chars"] == 3
     assert spans[tool.parent_span_id].name == "code step 1"  # nested in its step's code, like a sub-call
+
+
+async def test_a_server_that_never_answers_fails_the_run_after_the_tool_timeout(
+    fleet_env: dict, oracle: OracleLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = tmp_path / "silent.pid"
+    silent = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    monkeypatch.setenv("FLEET_MCP_SERVERS", json.dumps({"silent": {"command": sys.executable, "args": ["-c", silent]}}))
+    monkeypatch.setenv("FLEET_TOOL_TIMEOUT", "2")
+    oracle.add(Scenario("ask the silent one", ["SUBMIT('never')"]))
+    async with Engine() as engine:
+        with anyio.fail_after(60):  # bounded against a hang; the timeout under test is 2 s
+            result = await engine.run(RunRequest("ask the silent one", mcp_servers=["silent"]))
+    assert result.status == "failed"
+    assert "MCP server 'silent' did not answer within 2 s (FLEET_TOOL_TIMEOUT)" in (result.error or "")
+    assert oracle.requests() == []  # no model call: the run ended before its first step
+    pid = int(pid_file.read_text())
+    with anyio.fail_after(10):
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]:
+            await anyio.sleep(0.05)  # the server's process is ended with the run

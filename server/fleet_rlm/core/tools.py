@@ -330,8 +330,16 @@ async def open_tools(settings: Settings, req: RunRequest, tape: Tape | None) -> 
         specs: list[ToolSpec] = []
         callers: dict[str, Any] = {}
         for name in req.mcp_servers:
-            client = await _connect(stack, name, settings.mcp_servers[name])
-            for tool in await _list_tools(name, client):
+            try:  # a server that never answers its handshake costs the tool timeout, not the run
+                async with asyncio.timeout(settings.tool_timeout):
+                    client = await _connect(stack, name, settings.mcp_servers[name])
+                    listed = await _list_tools(name, client)
+            except TimeoutError:
+                raise Unavailable(
+                    f"MCP server {name!r} did not answer within {settings.tool_timeout:g} s (FLEET_TOOL_TIMEOUT): "
+                    "check its command or URL"
+                ) from None
+            for tool in listed:
                 spec = mcp_spec(name, tool)
                 specs.append(spec)
                 callers[spec.full_name] = client
