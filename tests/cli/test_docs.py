@@ -295,7 +295,8 @@ def _invoke(argv: list[str], env: dict[str, str], values: dict[str, str]) -> tup
         return argv, code, err
     stdin = "/quit\n" if prog == "fleet" or filled[:1] == ["chat"] else ""
     proc = run(*filled, env=env, prog=prog, stdin=stdin)
-    return argv, proc.returncode, proc.stderr
+    said = proc.stderr if proc.returncode == 0 or proc.stderr.strip() else proc.stdout  # --json says it on stdout
+    return argv, proc.returncode, said
 
 
 def _run_ids(env: dict[str, str]) -> list[str]:
