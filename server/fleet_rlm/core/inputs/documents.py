@@ -196,11 +196,15 @@ class Converter:
                 return reply
         self._kill(proc)
         self._proc = None
+        code = proc.wait()  # reaped here: a stopped parser leaves no process behind, not even a zombie
+        for stream in (proc.stdin, proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
         if stalled.is_set():  # not cached: a busy machine may be the cause
             return {"skip": f"its parser took longer than {self.seconds:g} s, so it was stopped", "transient": True}
         if line and not line.endswith(b"\n"):
             return {"skip": f"its text is over {MAX_REPLY_BYTES >> 20} MB"}
-        code = proc.wait()
         sig = -code if code < 0 else code - 128 if code > 128 else None  # bwrap: 128 + the child's signal
         how = f"killed by signal {sig}" if sig else f"exit code {code}"
         if sig == signal.SIGKILL:
