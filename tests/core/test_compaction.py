@@ -12,7 +12,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from fleet_rlm.core.engine import Engine
-from fleet_rlm.types import HistoryCompactedData, RunRequest
+from fleet_rlm.types import HistoryCompactedData, RunRequest, RunResult
 from tests.support import fake_sandbox
 from tests.support.oracle_lm import OracleLM, Request, Scenario, default_sub
 
@@ -168,10 +168,7 @@ async def test_a_sub_call_larger_than_the_sub_models_window_raises_in_the_repl(
         "print(llm_query_batched(['y' * 8000, 'The secret code is K7']))",
         "SUBMIT('done')",
     ]
-    oracle.add(Scenario("too big", steps))
-    async with Engine() as engine:
-        result = await engine.run(RunRequest("too big", context_text=["nothing"]))
-        outputs = [e["data"]["output"] for e in engine.events(result.run_id) if e["kind"] == "code.executed"]
+    result, outputs = await _step_outputs(oracle, "too big", steps)
     assert result.status == "succeeded", result.error
     assert "this prompt is ~2,000 tokens; the sub model's window is 1,000 tokens: split it" in outputs[0]
     assert "[ERROR] this prompt is ~2,000 tokens" in outputs[1] and "K7" in outputs[1]
@@ -201,10 +198,16 @@ async def test_a_named_models_own_window_caps_what_is_sent_to_it(
         "print(len(llm_query('x' * 40000)))",  # the run's sub model has no known window: sent
         "SUBMIT('done')",
     ]
-    oracle.add(Scenario("window per model", steps))
-    async with Engine() as engine:
-        result = await engine.run(RunRequest("window per model", context_text=["nothing"]))
-        outputs = [e["data"]["output"] for e in engine.events(result.run_id) if e["kind"] == "code.executed"]
+    result, outputs = await _step_outputs(oracle, "window per model", steps)
     assert result.status == "succeeded", result.error
     assert "this prompt is ~10,000 tokens; openai/gpt-4's window is 8,192 tokens: split it" in outputs[0]
     assert [len(r.messages[-1]["content"]) >= 40000 for r in oracle.requests("sub")] == [True]
+
+
+async def _step_outputs(oracle: OracleLM, question: str, steps: list[str]) -> tuple[RunResult, list[str]]:
+    """A scripted run over a tiny context: its result and what each step printed."""
+    oracle.add(Scenario(question, steps))
+    async with Engine() as engine:
+        result = await engine.run(RunRequest(question, context_text=["nothing"]))
+        outputs = [e["data"]["output"] for e in engine.events(result.run_id) if e["kind"] == "code.executed"]
+    return result, outputs

@@ -17,6 +17,7 @@ the standard library reads with bomb checks (no lxml, none of markitdown's DOCX 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -77,8 +78,10 @@ class Converted:
     cached: bool = False
 
 
-def _parser_digest() -> str:
-    return hashlib.sha256(PARSER.read_bytes()).hexdigest()[:16]
+@functools.cache
+def _parser_digest(parser: Path) -> str:
+    """The parser's own hash, part of every cache key: read once a process, not once a run."""
+    return hashlib.sha256(parser.read_bytes()).hexdigest()[:16]
 
 
 class Converter:
@@ -97,7 +100,7 @@ class Converter:
         self.memory_mb = memory_mb
         self.seconds = seconds
         self._proc: subprocess.Popen[bytes] | None = None
-        self._version = _parser_digest()
+        self._version = _parser_digest(PARSER)
         self.converted = 0  # files parsed (not cached) in this staging
         self.cache_hits = 0  # documents whose text came from the cache (a remembered skip is not one)
 
